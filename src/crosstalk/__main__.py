@@ -1,0 +1,5 @@
+import sys
+
+from crosstalk.cli import main
+
+sys.exit(main())

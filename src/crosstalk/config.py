@@ -1,0 +1,61 @@
+"""Where CrossTalk keeps its state, and the limits every module agrees on.
+
+State lives under one private directory so a single ``chmod``-audit covers every secret:
+``CROSSTALK_HOME`` if set, else ``$XDG_STATE_HOME/crosstalk``, else ``~/.local/state/crosstalk``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+#: The largest journal line (record plus framing) a reader accepts. The writer refuses anything
+#: larger, so every record that was acknowledged can be read back (seed R10).
+MAX_JOURNAL_LINE = 1024 * 1024
+
+#: Journal records older than this are dropped by retention unless something unresolved needs them.
+RETENTION_SECONDS = 24 * 60 * 60
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+class StateDirError(RuntimeError):
+    """The state directory exists but cannot be made private to this user."""
+
+
+def state_dir(env: dict[str, str] | None = None) -> Path:
+    """Resolve the state directory from the environment (without creating it)."""
+    env = dict(os.environ) if env is None else env
+    if env.get("CROSSTALK_HOME"):
+        return Path(env["CROSSTALK_HOME"]).expanduser()
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]).expanduser() / "crosstalk"
+    return Path(env.get("HOME") or Path.home()).expanduser() / ".local" / "state" / "crosstalk"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it mode 0700, owned by us.
+
+    A directory owned by another user is refused rather than trusted: its owner could read or
+    swap our tokens and sockets.
+    """
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"{path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise StateDirError(f"{path} is owned by uid {st.st_uid}, not by us ({os.getuid()})")
+    if stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+        os.chmod(path, PRIVATE_DIR_MODE)
+    return path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a create, rename or unlink inside ``path`` durable (ALICE: apps forget this)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

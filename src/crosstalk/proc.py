@@ -1,0 +1,141 @@
+"""Facts about processes and sockets, computed the way Claude Code computes them.
+
+Claude Code decides whether a registry record is alive by *pid domain* + pid alive + process
+start time (``procStart``), so a recycled pid never impersonates a dead session. CrossTalk uses
+the same three facts for its own descriptors and for telling who is on the other end of a unix
+socket (SO_PEERCRED), never what a frame claims about itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    pid: int
+    uid: int
+    gid: int | None
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this pid exists (zombies included; they still hold the pid)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    except OSError as exc:
+        return exc.errno != errno.ESRCH
+    return True
+
+
+def process_start_time(pid: int) -> str | None:
+    """The process start time as Claude writes ``procStart``, or ``None`` if there is no process.
+
+    Linux: field 22 (``starttime``, clock ticks since boot) of ``/proc/<pid>/stat`` as a decimal
+    string. The command name (field 2) may contain spaces and parentheses, so fields are counted
+    after the *last* ``)``. macOS: ``LC_ALL=C TZ=UTC ps -o lstart= -p <pid>``.
+    """
+    if pid <= 0:
+        return None
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        return parse_proc_stat_start_time(raw)
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "lstart=", "-p", str(pid)],  # noqa: S607 - system ps (macOS)
+            capture_output=True,
+            text=True,
+            timeout=5,
+            env={**os.environ, "LC_ALL": "C", "TZ": "UTC"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    return text or None
+
+
+def parse_proc_stat_start_time(raw: bytes) -> str | None:
+    """Field 22 of a ``/proc/<pid>/stat`` line, or ``None`` if the line is malformed."""
+    close = raw.rfind(b")")
+    if close < 0:
+        return None
+    rest = raw[close + 1 :].split()
+    # rest[0] is field 3 (state); field 22 is therefore rest[19].
+    if len(rest) < 20 or not rest[19].isdigit():
+        return None
+    return rest[19].decode("ascii")
+
+
+def process_matches(pid: int, start_time: str | None) -> bool:
+    """The pid is alive *and* is the same process that was recorded (not a recycled pid)."""
+    if start_time is None or not pid_alive(pid):
+        return False
+    return process_start_time(pid) == start_time
+
+
+@cache
+def pid_domain() -> str:
+    """The pid namespace identity, as Claude Code computes ``pidDomain``.
+
+    Linux: ``linux:<machine-id>:<readlink /proc/self/ns/pid>``; other platforms: ``linux`` (sic,
+    as Claude Code does). Pids from different domains are not comparable, so a record from
+    another domain can be neither confirmed alive nor declared dead.
+    """
+    if not sys.platform.startswith("linux"):
+        return "linux"
+    machine_id = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                machine_id = f.read().strip()
+            break
+        except OSError:
+            continue
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return f"linux:{machine_id}:{ns}"
+
+
+# macOS <sys/un.h>: SOL_LOCAL = 0, LOCAL_PEERCRED = 0x001, LOCAL_PEERPID = 0x002.
+_SOL_LOCAL = 0
+_LOCAL_PEERCRED = 0x001
+_LOCAL_PEERPID = 0x002
+
+
+def peer_credentials(sock: socket.socket) -> PeerCredentials:
+    """Who is on the other end of a connected unix socket, as the kernel says.
+
+    Raises ``OSError`` if the platform cannot tell; callers treat that as an unverified peer.
+    """
+    if sys.platform.startswith("linux"):
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, gid = struct.unpack("3i", raw)
+        if pid <= 0:
+            raise OSError(errno.ENOTCONN, "peer pid unavailable")
+        return PeerCredentials(pid=pid, uid=uid, gid=gid)
+    if sys.platform == "darwin":
+        pid = struct.unpack("i", sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERPID, 4))[0]
+        # struct xucred { u_int cr_version; uid_t cr_uid; short cr_ngroups; gid_t cr_groups[16]; }
+        raw = sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERCRED, 4 + 4 + 4 + 16 * 4)
+        uid = struct.unpack_from("I", raw, 4)[0]
+        return PeerCredentials(pid=pid, uid=uid, gid=None)
+    raise OSError(errno.ENOTSUP, f"peer credentials are not supported on {sys.platform}")

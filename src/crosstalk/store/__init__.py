@@ -1,0 +1,1 @@
+"""Durable state on disk: the per-agent journal and the registry of live agents."""

@@ -1,0 +1,405 @@
+"""The registry: who is registered on this machine, under which name, and whether still alive.
+
+Layout under the state directory (every directory 0700, every file 0600)::
+
+    agents/<agent_id>.json    descriptor, replaced by temp + rename (never torn)
+    agents/<agent_id>.lock    agent lock: one live registration per session
+    names/<name>.lock         alias lock: one live holder per name
+    credentials/<agent_id>.token   the A2A bearer token; descriptors only point at it
+
+Why it is shaped like this (seed §3, F8, C7):
+
+- A *held lock means a running owner*. Both locks are taken first and held for the
+  registration's lifetime; a process that dies drops them, so "is the name free" is answered
+  by the kernel, not by a pid check that can race.
+- Descriptors are published, replaced and removed only by a holder of their agent lock, and a
+  shim's exit path removes a descriptor only if its ``instance_id`` is the shim's own. A stale
+  exit path can therefore never delete a newer registration's descriptor.
+- Lock files are never unlinked (see :class:`~crosstalk.store.files.FileLock`).
+- Readers judge a descriptor stale when its pid is dead or that pid's start time differs
+  (pid reuse); a descriptor from another pid namespace is ``foreign``, neither live nor dead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from crosstalk import proc
+from crosstalk.config import PRIVATE_FILE_MODE, ensure_private_dir
+from crosstalk.core.ids import is_agent_id
+from crosstalk.core.naming import is_valid_name
+from crosstalk.store.files import FileLock, is_locked, unlink_durable, write_atomic
+
+PROTOCOL = 1
+_MAX_DESCRIPTOR_BYTES = 64 * 1024
+
+
+class RegistryError(Exception):
+    """Base class for registry failures."""
+
+
+class AgentBusy(RegistryError):
+    """Another live process holds this agent's lock: the session is already registered."""
+
+
+class NoFreeName(RegistryError):
+    """Every candidate name is held by a live registration."""
+
+
+class DescriptorError(RegistryError, ValueError):
+    """A descriptor file does not have the shape the protocol requires."""
+
+
+class Liveness(StrEnum):
+    LIVE = "live"
+    STALE = "stale"
+    FOREIGN = "foreign"  # another pid namespace: cannot be checked from here
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """The public record of one registered agent (seed §3). Never contains a secret."""
+
+    agent_id: str
+    name: str
+    harness: str
+    session_ref: str
+    cwd: str
+    pid: int
+    started_at: str
+    instance_id: str
+    credential_ref: str
+    role: str = "primary"
+    owner: str | None = None
+    harness_pid: int | None = None
+    harness_started_at: str | None = None
+    a2a_url: str | None = None
+    uds_path: str | None = None
+    harness_endpoint: str | None = None
+    harness_version: str | None = None
+    pid_domain: str | None = None
+    installed: bool = True
+    protocol: int = PROTOCOL
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        data = {k: v for k, v in asdict(self).items() if k != "extra"}
+        data.update(self.extra)
+        return json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Descriptor:
+        if len(raw) > _MAX_DESCRIPTOR_BYTES:
+            raise DescriptorError("descriptor too large")
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DescriptorError(f"not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise DescriptorError("descriptor is not a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Descriptor:
+        known = {f.name: f for f in fields(cls) if f.name != "extra"}
+        kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        missing = [n for n in _REQUIRED if n not in data]
+        if missing:
+            raise DescriptorError(f"missing fields: {', '.join(missing)}")
+        for name, types in _TYPES.items():
+            if name in kwargs and not _is(kwargs[name], types):
+                raise DescriptorError(f"field {name!r} has the wrong type")
+        if not is_agent_id(kwargs["agent_id"]):
+            raise DescriptorError("agent_id is not 16 hex digits")
+        if not is_valid_name(kwargs["name"]):
+            raise DescriptorError("name is not a valid agent name")
+        if kwargs["pid"] <= 0:
+            raise DescriptorError("pid must be positive")
+        extra = {k: v for k, v in data.items() if k not in known}
+        return cls(**kwargs, extra=extra)
+
+
+_REQUIRED = ("agent_id", "name", "harness", "session_ref", "cwd", "pid", "started_at",
+             "instance_id", "credential_ref")
+_STR = (str,)
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+_TYPES: dict[str, tuple[type, ...]] = {
+    "agent_id": _STR, "name": _STR, "harness": _STR, "session_ref": _STR, "cwd": _STR,
+    "pid": (int,), "started_at": _STR, "instance_id": _STR, "credential_ref": _STR,
+    "role": _STR, "owner": _OPT_STR, "harness_pid": _OPT_INT, "harness_started_at": _OPT_STR,
+    "a2a_url": _OPT_STR, "uds_path": _OPT_STR, "harness_endpoint": _OPT_STR,
+    "harness_version": _OPT_STR, "pid_domain": _OPT_STR, "installed": (bool,),
+    "protocol": (int,),
+}
+
+
+def _is(value: object, types: tuple[type, ...]) -> bool:
+    # bool is an int subclass; a descriptor with "pid": true is malformed, not pid 1.
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A descriptor as a reader sees it, with the verdict on whether its owner is alive."""
+
+    descriptor: Descriptor
+    liveness: Liveness
+    path: Path
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A descriptor file that could not be parsed: reported, never trusted."""
+
+    path: Path
+    reason: str
+
+
+def liveness(desc: Descriptor) -> Liveness:
+    if desc.pid_domain is not None and desc.pid_domain != proc.pid_domain():
+        return Liveness.FOREIGN
+    return Liveness.LIVE if proc.process_matches(desc.pid, desc.started_at) else Liveness.STALE
+
+
+class Registry:
+    """The registry directory tree of one state directory."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = ensure_private_dir(home)
+        self.agents_dir = ensure_private_dir(home / "agents")
+        self.names_dir = ensure_private_dir(home / "names")
+        self.credentials_dir = ensure_private_dir(home / "credentials")
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def descriptor_path(self, agent_id: str) -> Path:
+        return self.agents_dir / f"{_checked_id(agent_id)}.json"
+
+    def agent_lock_path(self, agent_id: str) -> Path:
+        return self.agents_dir / f"{_checked_id(agent_id)}.lock"
+
+    def name_lock_path(self, name: str) -> Path:
+        if not is_valid_name(name):
+            raise RegistryError(f"invalid agent name {name!r}")
+        return self.names_dir / f"{name}.lock"
+
+    def credential_path(self, agent_id: str) -> Path:
+        return self.credentials_dir / f"{_checked_id(agent_id)}.token"
+
+    # -- registering ---------------------------------------------------------------------
+
+    def acquire(self, agent_id: str) -> Registration:
+        """Take the agent lock: the first step of every registration (seed §3 order)."""
+        lock = FileLock.try_acquire(self.agent_lock_path(agent_id))
+        if lock is None:
+            raise AgentBusy(f"agent {agent_id} is registered by another live process")
+        return Registration(self, agent_id, lock)
+
+    def name_is_held(self, name: str) -> bool:
+        return is_locked(self.name_lock_path(name))
+
+    # -- reading -------------------------------------------------------------------------
+
+    def scan(self) -> tuple[list[Listed], list[Unreadable]]:
+        """Every descriptor file, with its liveness; unparseable files are reported apart."""
+        listed: list[Listed] = []
+        bad: list[Unreadable] = []
+        for path in sorted(self.agents_dir.glob("*.json")):
+            try:
+                desc = read_descriptor(path)
+            except (OSError, DescriptorError) as exc:
+                bad.append(Unreadable(path, str(exc)))
+                continue
+            if path.stem != desc.agent_id:
+                bad.append(Unreadable(path, "file name does not match agent_id"))
+                continue
+            listed.append(Listed(desc, liveness(desc), path))
+        return listed, bad
+
+    def live(self) -> list[Descriptor]:
+        return [item.descriptor for item in self.scan()[0] if item.liveness is Liveness.LIVE]
+
+    def find(self, name_or_id: str) -> list[Descriptor]:
+        """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
+        return [d for d in self.live() if name_or_id in (d.name, d.agent_id)]
+
+    def holder_of(self, name: str) -> Descriptor | None:
+        """The live registration currently using ``name``, if any."""
+        for d in self.live():
+            if d.name == name:
+                return d
+        return None
+
+    def sweep_stale(self) -> list[str]:
+        """Remove descriptors of dead owners; returns the agent ids removed.
+
+        A descriptor is removed only while holding its agent lock, which a live owner never
+        releases: a sweep racing a new registration's publication therefore skips it.
+        """
+        removed: list[str] = []
+        listed, _ = self.scan()
+        for item in listed:
+            if item.liveness is not Liveness.STALE:
+                continue
+            lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
+            if lock is None:
+                continue  # a live registration owns it (or is about to publish)
+            try:
+                try:
+                    current = read_descriptor(item.path)
+                except (OSError, DescriptorError):
+                    continue
+                if current.instance_id == item.descriptor.instance_id and (
+                    liveness(current) is Liveness.STALE
+                ):
+                    unlink_durable(item.path)
+                    removed.append(current.agent_id)
+            finally:
+                lock.release()
+        return removed
+
+
+def read_descriptor(path: Path) -> Descriptor:
+    with open(path, "rb") as f:
+        raw = f.read(_MAX_DESCRIPTOR_BYTES + 1)
+    return Descriptor.from_json(raw)
+
+
+def _checked_id(agent_id: str) -> str:
+    if not is_agent_id(agent_id):
+        raise RegistryError(f"not an agent id: {agent_id!r}")
+    return agent_id
+
+
+@dataclass(frozen=True)
+class NameChoice:
+    """The name a registration got, and why it is not the first candidate if it is not."""
+
+    name: str
+    preferred: str
+    #: The live registration holding ``preferred`` when we had to fall back, if one is listed.
+    preferred_holder: Descriptor | None
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.name != self.preferred
+
+
+class Registration:
+    """One live registration: holds the agent lock and (once named) the alias lock.
+
+    Created by :meth:`Registry.acquire`; every mutation of this agent's descriptor goes
+    through it, so every mutation happens under the agent lock.
+    """
+
+    def __init__(self, registry: Registry, agent_id: str, agent_lock: FileLock) -> None:
+        self.registry = registry
+        self.agent_id = agent_id
+        self._agent_lock = agent_lock
+        self._name_lock: FileLock | None = None
+        self.name: str | None = None
+        self.descriptor: Descriptor | None = None
+        self.token: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._agent_lock.held
+
+    def _require_active(self) -> None:
+        if not self.active:
+            raise RegistryError(f"registration of {self.agent_id} is closed")
+
+    def take_name(self, candidates: Iterable[str]) -> NameChoice:
+        """Take the first candidate whose alias lock is free, and keep holding it."""
+        self._require_active()
+        ordered = list(dict.fromkeys(candidates))
+        if not ordered:
+            raise NoFreeName("no candidate names")
+        for name in ordered:
+            if name == self.name:
+                return NameChoice(name, ordered[0], None)
+            lock = FileLock.try_acquire(self.registry.name_lock_path(name))
+            if lock is None:
+                continue
+            old = self._name_lock
+            self._name_lock, self.name = lock, name
+            if old is not None:
+                old.release()
+            holder = None if name == ordered[0] else self.registry.holder_of(ordered[0])
+            return NameChoice(name, ordered[0], holder)
+        raise NoFreeName(f"every candidate name is held: {', '.join(ordered)}")
+
+    def issue_credential(self) -> Path:
+        """Write a fresh bearer token to a 0600 file; the descriptor only references it."""
+        self._require_active()
+        path = self.registry.credential_path(self.agent_id)
+        self.token = secrets.token_hex(32)
+        write_atomic(path, self.token.encode() + b"\n", PRIVATE_FILE_MODE)
+        return path
+
+    def publish(self, descriptor: Descriptor) -> None:
+        """Write the descriptor (temp + rename) while holding both locks."""
+        self._require_active()
+        if descriptor.agent_id != self.agent_id:
+            raise RegistryError("descriptor belongs to another agent")
+        if self.name is None or descriptor.name != self.name:
+            raise RegistryError("publish the name this registration holds the lock for")
+        write_atomic(self.registry.descriptor_path(self.agent_id), descriptor.to_json())
+        self.descriptor = descriptor
+
+    def rename(self, candidates: Iterable[str]) -> NameChoice:
+        """Move to a new alias: take the new lock, rewrite the descriptor, drop the old lock."""
+        choice = self.take_name(candidates)
+        if self.descriptor is not None and self.descriptor.name != choice.name:
+            self.publish(replace(self.descriptor, name=choice.name))
+        return choice
+
+    def close(self) -> None:
+        """The exit path: remove our own descriptor and credential, then drop both locks.
+
+        Removal checks the file's ``instance_id``; a descriptor some later instance wrote is
+        left alone. Lock files stay (see :class:`FileLock`).
+        """
+        if not self.active:
+            return
+        try:
+            path = self.registry.descriptor_path(self.agent_id)
+            if self.descriptor is not None:
+                try:
+                    current = read_descriptor(path)
+                except (OSError, DescriptorError):
+                    current = None
+                if current is not None and current.instance_id == self.descriptor.instance_id:
+                    unlink_durable(path)
+            if self.token is not None:
+                cred = self.registry.credential_path(self.agent_id)
+                try:
+                    with open(cred, encoding="ascii") as f:
+                        ours = f.read().strip() == self.token
+                except OSError:
+                    ours = False
+                if ours:
+                    unlink_durable(cred)
+        finally:
+            if self._name_lock is not None:
+                self._name_lock.release()
+            self._agent_lock.release()
+
+
+def own_process_identity() -> tuple[int, str]:
+    """(pid, start time) of this process, as descriptors record them."""
+    pid = os.getpid()
+    started = proc.process_start_time(pid)
+    if started is None:
+        raise RegistryError("cannot read this process's start time")
+    return pid, started
