@@ -28,11 +28,18 @@ class StateDirError(RuntimeError):
 def state_dir(env: dict[str, str] | None = None) -> Path:
     """Resolve the state directory from the environment (without creating it)."""
     env = dict(os.environ) if env is None else env
+    home = env.get("HOME") or str(Path.home())
+
+    def expand(value: str) -> Path:  # "~" means the HOME of *this* environment
+        if value == "~" or value.startswith("~/"):
+            value = home + value[1:]
+        return Path(value)
+
     if env.get("CROSSTALK_HOME"):
-        return Path(env["CROSSTALK_HOME"]).expanduser()
+        return expand(env["CROSSTALK_HOME"])
     if env.get("XDG_STATE_HOME"):
-        return Path(env["XDG_STATE_HOME"]).expanduser() / "crosstalk"
-    return Path(env.get("HOME") or Path.home()).expanduser() / ".local" / "state" / "crosstalk"
+        return expand(env["XDG_STATE_HOME"]) / "crosstalk"
+    return expand(home) / ".local" / "state" / "crosstalk"
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -41,7 +48,10 @@ def ensure_private_dir(path: Path) -> Path:
     A directory owned by another user is refused rather than trusted: its owner could read or
     swap our tokens and sockets.
     """
-    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StateDirError(f"{path} exists and is not a directory") from None
     st = path.stat()
     if not stat.S_ISDIR(st.st_mode):
         raise StateDirError(f"{path} is not a directory")

@@ -35,6 +35,10 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by someone else
+    except OverflowError:
+        # A pid beyond a C pid_t (e.g. "pid": 99999999999 in a hand-edited descriptor) cannot
+        # exist; os.kill raises OverflowError for it, which crashed every registry scan.
+        return False
     except OSError as exc:
         return exc.errno != errno.ESRCH
     return True

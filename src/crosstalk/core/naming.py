@@ -20,8 +20,12 @@ _BAD_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def is_valid_name(name: str) -> bool:
-    """Names become lock-file names, so they are restricted to a filename-safe alphabet."""
-    return bool(_NAME_RE.fullmatch(name))
+    """Names become lock-file names, so they are restricted to a filename-safe alphabet.
+
+    A name shaped like an agent id is refused too: ``to`` accepts both, and one string must
+    never mean two agents.
+    """
+    return bool(_NAME_RE.fullmatch(name)) and not is_agent_id(name)
 
 
 def normalize_name(raw: str | None) -> str | None:
@@ -34,7 +38,7 @@ def normalize_name(raw: str | None) -> str | None:
         return None
     name = _BAD_CHARS.sub("-", raw.strip()).strip("-._")
     name = name[:MAX_NAME_LEN].rstrip("-._")
-    if not name or not is_valid_name(name) or is_agent_id(name):
+    if not name or not is_valid_name(name):
         return None
     return name
 
@@ -48,6 +52,10 @@ def fallback_name(harness: str, cwd: str, agent_id: str, hex_digits: int = FALLB
     base = cwd.rstrip("/").rsplit("/", 1)[-1]
     base = _BAD_CHARS.sub("-", base).strip("-._") or "root"
     head = _BAD_CHARS.sub("-", harness).strip("-._") or "agent"
+    # Cap the harness part too (a fixed cap, so it is the same for every suffix length): with
+    # only the cwd part trimmed, a long harness label produced names over MAX_NAME_LEN, which
+    # is_valid_name rejects and the registry refuses as lock-file names.
+    head = head[: MAX_NAME_LEN - AGENT_ID_HEX - 3].rstrip("-._") or "agent"
     suffix = agent_id[:hex_digits]
     room = MAX_NAME_LEN - len(head) - len(suffix) - 2
     base = base[: max(room, 1)].rstrip("-._") or "x"

@@ -22,9 +22,12 @@ Why it is shaped like this (seed §3, F8, C7):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import stat
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
@@ -38,6 +41,7 @@ from crosstalk.core.naming import is_valid_name
 from crosstalk.store.files import FileLock, is_locked, unlink_durable, write_atomic
 
 PROTOCOL = 1
+_TEMP_FILE_GRACE = 60.0
 _MAX_DESCRIPTOR_BYTES = 64 * 1024
 
 
@@ -90,8 +94,9 @@ class Descriptor:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        data = {k: v for k, v in asdict(self).items() if k != "extra"}
-        data.update(self.extra)
+        # Unknown fields from a newer writer are carried through, but never over known ones.
+        data = dict(self.extra)
+        data.update({k: v for k, v in asdict(self).items() if k != "extra"})
         return json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
@@ -100,7 +105,9 @@ class Descriptor:
             raise DescriptorError("descriptor too large")
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: deeply nested input ("[[[[..." well under the size cap) makes
+            # json.loads give up; uncaught, one such file crashed scan() and sweep_stale().
             raise DescriptorError(f"not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise DescriptorError("descriptor is not a JSON object")
@@ -198,11 +205,20 @@ class Registry:
 
     # -- registering ---------------------------------------------------------------------
 
-    def acquire(self, agent_id: str) -> Registration:
-        """Take the agent lock: the first step of every registration (seed §3 order)."""
-        lock = FileLock.try_acquire(self.agent_lock_path(agent_id))
-        if lock is None:
-            raise AgentBusy(f"agent {agent_id} is registered by another live process")
+    def acquire(self, agent_id: str, *, patience: float = 0.25) -> Registration:
+        """Take the agent lock: the first step of every registration (seed §3 order).
+
+        A sweeper probes a stale agent's lock for a moment while it checks the descriptor, so
+        a busy lock is retried for ``patience`` seconds before it counts as a live owner.
+        """
+        path = self.agent_lock_path(agent_id)
+        deadline = time.monotonic() + patience
+        delay = 0.005
+        while (lock := FileLock.try_acquire(path)) is None:
+            if time.monotonic() >= deadline:
+                raise AgentBusy(f"agent {agent_id} is registered by another live process")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
         return Registration(self, agent_id, lock)
 
     def name_is_held(self, name: str) -> bool:
@@ -240,12 +256,14 @@ class Registry:
                 return d
         return None
 
-    def sweep_stale(self) -> list[str]:
-        """Remove descriptors of dead owners; returns the agent ids removed.
+    def sweep_stale(self, *, now: float | None = None) -> list[str]:
+        """Remove descriptors (and bearer tokens) of dead owners; returns the agent ids removed.
 
         A descriptor is removed only while holding its agent lock, which a live owner never
-        releases: a sweep racing a new registration's publication therefore skips it.
+        releases: a sweep racing a new registration's publication therefore skips it. Temp
+        files that a crash left behind mid-write are removed once they are a minute old.
         """
+        self._sweep_temp_files(time.time() if now is None else now)
         removed: list[str] = []
         listed, _ = self.scan()
         for item in listed:
@@ -263,15 +281,30 @@ class Registry:
                     liveness(current) is Liveness.STALE
                 ):
                     unlink_durable(item.path)
+                    unlink_durable(self.credential_path(current.agent_id))
                     removed.append(current.agent_id)
             finally:
                 lock.release()
         return removed
 
+    def _sweep_temp_files(self, now: float) -> None:
+        for directory in (self.agents_dir, self.credentials_dir):
+            for tmp in directory.glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    if now - tmp.lstat().st_mtime > _TEMP_FILE_GRACE:
+                        tmp.unlink()
+
 
 def read_descriptor(path: Path) -> Descriptor:
-    with open(path, "rb") as f:
-        raw = f.read(_MAX_DESCRIPTOR_BYTES + 1)
+    # O_NONBLOCK + S_ISREG: a FIFO or device planted as "<id>.json" must not hang a scan;
+    # O_NOFOLLOW: a symlink is not a descriptor we wrote.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DescriptorError("not a regular file")
+        raw = os.read(fd, _MAX_DESCRIPTOR_BYTES + 1)
+    finally:
+        os.close(fd)
     return Descriptor.from_json(raw)
 
 
@@ -321,22 +354,34 @@ class Registration:
 
     def take_name(self, candidates: Iterable[str]) -> NameChoice:
         """Take the first candidate whose alias lock is free, and keep holding it."""
+        choice, old = self._take_name(candidates)
+        if old is not None:
+            old.release()
+        return choice
+
+    def _take_name(self, candidates: Iterable[str]) -> tuple[NameChoice, FileLock | None]:
+        # Returns the previous alias lock still held; the caller releases it. rename() needs
+        # that: seed §3 orders a rename as take new lock, rewrite descriptor, release old lock.
+        # Releasing first let another agent take the old name while our descriptor still
+        # claimed it (two live descriptors with one name).
         self._require_active()
         ordered = list(dict.fromkeys(candidates))
         if not ordered:
             raise NoFreeName("no candidate names")
         for name in ordered:
             if name == self.name:
-                return NameChoice(name, ordered[0], None)
+                return NameChoice(name, ordered[0], None), None
             lock = FileLock.try_acquire(self.registry.name_lock_path(name))
             if lock is None:
                 continue
+            try:
+                holder = None if name == ordered[0] else self.registry.holder_of(ordered[0])
+            except BaseException:
+                lock.release()
+                raise
             old = self._name_lock
             self._name_lock, self.name = lock, name
-            if old is not None:
-                old.release()
-            holder = None if name == ordered[0] else self.registry.holder_of(ordered[0])
-            return NameChoice(name, ordered[0], holder)
+            return NameChoice(name, ordered[0], holder), old
         raise NoFreeName(f"every candidate name is held: {', '.join(ordered)}")
 
     def issue_credential(self) -> Path:
@@ -359,9 +404,20 @@ class Registration:
 
     def rename(self, candidates: Iterable[str]) -> NameChoice:
         """Move to a new alias: take the new lock, rewrite the descriptor, drop the old lock."""
-        choice = self.take_name(candidates)
-        if self.descriptor is not None and self.descriptor.name != choice.name:
-            self.publish(replace(self.descriptor, name=choice.name))
+        prev_name = self.name
+        choice, old = self._take_name(candidates)
+        try:
+            if self.descriptor is not None and self.descriptor.name != choice.name:
+                self.publish(replace(self.descriptor, name=choice.name))
+        except BaseException:
+            # The descriptor still shows the old name: keep holding it, give the new one back.
+            if old is not None:
+                new, self._name_lock, self.name = self._name_lock, old, prev_name
+                if new is not None:
+                    new.release()
+            raise
+        if old is not None:
+            old.release()
         return choice
 
     def close(self) -> None:
