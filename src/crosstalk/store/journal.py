@@ -9,7 +9,9 @@ Why each rule exists:
   and refuses if it still fails. Nothing ever silently succeeds.
 - **Checksummed lines.** Each line is ``{"c":"<crc32 of R>","r":R}`` where R is the record's
   JSON. The CRC covers R's exact bytes, so a flipped byte anywhere is detected without
-  re-serialising, and every line is still plain JSON for ``jq``.
+  re-serialising, and every line is still plain JSON for ``jq``. An ``append_batch`` write
+  marks every line but its last ``{"b":...`` (CRC over the marker and R), so readers can tell
+  a batch a crash cut short from whole records and drop it with the torn tail.
 - **Replay never raises on damage.** A partial trailing line is discarded (it was never
   acknowledged: writers hold the lock until their fsync returns); a corrupt line mid-file is
   skipped and reported as :class:`Damage`; the journal keeps serving.
@@ -34,7 +36,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,13 @@ from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECO
 from crosstalk.core import retention
 
 _PREFIX = b'{"c":"'
+# The head of every line of an append_batch write except its last: "this write continues".
+# A SIGKILL inside a multi-page write() can leave the batch's first lines complete on disk;
+# readers hold such lines back until the write's last line is there, so an unacknowledged
+# batch is all or nothing after a crash too. Its CRC covers _MORE + R, so a flipped byte in
+# the marker is caught like any other; lines of single appends are unchanged. jq .r works.
+_MORE = b'{"b":"'
+_MORE_CRC = zlib.crc32(_MORE)
 _MIDDLE = b'","r":'
 _HEAD_LEN = len(_PREFIX) + 8 + len(_MIDDLE)  # 20 bytes before the record JSON
 _READ_CHUNK = 4 * 1024 * 1024
@@ -104,23 +113,28 @@ class RetentionResult:
     quarantined: int
 
 
-def encode_line(record: Mapping[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
     body = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    return b"%s%08x%s%s}\n" % (_PREFIX, zlib.crc32(body), _MIDDLE, body)
+    head, crc = (_MORE, zlib.crc32(body, _MORE_CRC)) if more else (_PREFIX, zlib.crc32(body))
+    return b"%s%08x%s%s}\n" % (head, crc, _MIDDLE, body)
 
 
 def decode_line(line: bytes) -> dict[str, Any] | str:
     """Decode one line (without its newline): the record, or the reason it is damaged."""
-    if len(line) < _HEAD_LEN + 3 or not line.startswith(_PREFIX) or not line.endswith(b"}"):
+    if len(line) < _HEAD_LEN + 3 or not line.endswith(b"}"):
+        return "framing"
+    if not (line.startswith(_PREFIX) or line.startswith(_MORE)):
         return "framing"
     if line[len(_PREFIX) + 8 : _HEAD_LEN] != _MIDDLE:
         return "framing"
-    try:
-        crc = int(line[len(_PREFIX) : len(_PREFIX) + 8], 16)
-    except ValueError:
+    crc_field = line[len(_PREFIX) : len(_PREFIX) + 8]
+    # Exactly what encode_line writes (8 lowercase hex digits): int(x, 16) alone also takes
+    # " 1a2b3c4", "+1a2b3c4" and "1A2B3C4D", so a flipped byte there went undetected.
+    if crc_field.strip(b"0123456789abcdef"):
         return "framing"
+    crc = int(crc_field, 16)
     body = line[_HEAD_LEN:-1]
-    if zlib.crc32(body) != crc:
+    if zlib.crc32(body, _MORE_CRC if line.startswith(_MORE) else 0) != crc:
         return "checksum"
     try:
         record = json.loads(body)
@@ -176,6 +190,24 @@ def _decode(line: _Line) -> dict[str, Any] | str:
     return "oversize" if line.raw is None else decode_line(line.raw)
 
 
+def _whole_writes(lines: Iterator[_Line]) -> Iterator[tuple[_Line, dict[str, Any] | str]]:
+    """Decode lines, holding back intact ``_MORE`` lines until a line ends their write.
+
+    Only a write cut short at the end of the file (its writer died) leaves them unended; they
+    are then never yielded and the caller sees them as part of the torn tail. Any later line,
+    even a damaged one, proves the write completed, so mid-file they are passed on as usual.
+    """
+    pending: list[tuple[_Line, dict[str, Any] | str]] = []
+    for line in lines:
+        decoded = _decode(line)
+        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
+            pending.append((line, decoded))
+            continue
+        yield from pending
+        pending.clear()
+        yield line, decoded
+
+
 class Journal:
     """One agent's journal file. Thread-safe; safe against other processes appending too."""
 
@@ -202,6 +234,7 @@ class Journal:
         self._offset = 0  # end of the last complete line we have accounted for
         self._last_seq = 0
         self._truncate_to: int | None = None  # set when a rollback truncate failed
+        self._wedged_data = b""  # the bytes that failed append tried to write
         with self._locked():
             self._open_locked()
 
@@ -254,54 +287,79 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _catch_up_locked(self, collect: Replay | None) -> None:
+    def _catch_up_locked(self, collect: Replay | None, limit: int | None = None) -> None:
         """Account for everything in the file since ``_offset``; drop a torn tail.
 
         Called under the lock before every append, so a second writer's records (or a file
         replaced by another process's retention) are seen before we assign the next ``seq``.
+        ``limit`` stops the scan early (at a failed append that could not be cut off yet).
         """
+        self._reopen_if_replaced_locked()
+        size = os.fstat(self._fd).st_size
+        if limit is not None:
+            size = min(size, limit)
+        if size < self._offset:
+            self._offset, self._last_seq = 0, 0
+        reading = collect is not None
+        if not reading and size == self._offset:
+            return
+        # While appending, the records seen are only the few new ones another writer added.
+        sink = collect if collect is not None else Replay()
+        start = 0 if reading else self._offset
+        end = start
+        for line, decoded in _whole_writes(_scan(self._fd, start, size, self._max_line)):
+            end = line.end + 1
+            if isinstance(decoded, str):
+                sink.damage.append(Damage(line.offset, line.end - line.offset, decoded))
+                continue
+            seq = decoded.get("seq")
+            if isinstance(seq, int) and seq > self._last_seq:
+                self._last_seq = seq
+            sink.records.append(decoded)
+        if end < size:
+            # A fragment with no newline: a writer died mid-line. It was never acknowledged.
+            sink.damage.append(Damage(end, size - end, "torn_tail"))
+            if limit is None:
+                self._cut_torn_tail_locked(end, size, reading=reading)
+        self._offset = sink.end = end
+
+    def _reopen_if_replaced_locked(self) -> None:
+        """Another process's retention may have renamed a new file over ours."""
         try:
             on_disk = os.stat(self.path).st_ino
         except FileNotFoundError:
             on_disk = -1
         if on_disk != self._ino:
             self._open_locked()
-        size = os.fstat(self._fd).st_size
-        if size < self._offset:
-            self._offset, self._last_seq = 0, 0
-        start = 0 if collect is not None else self._offset
-        if collect is None and size == self._offset:
-            return
-        end = start
-        for line in _scan(self._fd, start, size, self._max_line):
-            end = line.end + 1
-            decoded = _decode(line)
-            if isinstance(decoded, str):
-                if collect is not None:
-                    collect.damage.append(Damage(line.offset, line.end - line.offset, decoded))
-                continue
-            seq = decoded.get("seq")
-            if isinstance(seq, int) and seq > self._last_seq:
-                self._last_seq = seq
-            if collect is not None:
-                collect.records.append(decoded)
-        if end < size:
-            # A fragment with no newline: a writer died mid-line. It was never acknowledged.
-            if collect is not None:
-                collect.damage.append(Damage(end, size - end, "torn_tail"))
+
+    def _cut_torn_tail_locked(self, end: int, size: int, *, reading: bool) -> None:
+        fragment = os.pread(self._fd, size - end, end)
+        try:
             self._ops.ftruncate(self._fd, end)
             self._ops.fsync(self._fd)
-        self._offset = end
-        if collect is not None:
-            collect.end = end
+        except OSError:
+            # Cut it off later, exactly like a failed append of our own; until then appends
+            # refuse (they would glue onto the fragment) but reads still work.
+            self._truncate_to, self._wedged_data = end, fragment
+            if not reading:
+                raise
 
     def replay(self) -> Replay:
-        """Every intact record in order, plus what was skipped. Never raises on damage."""
+        """Every intact record in order, plus what was skipped.
+
+        Never raises on damage, nor on a repair it cannot make: if a failed append (or a torn
+        tail) cannot be cut off yet, replay reads only up to it and appends keep refusing
+        until the cut succeeds.
+        """
         with self._locked():
-            self._settle_wedge_locked()
+            limit = None
+            try:
+                self._settle_wedge_locked()
+            except JournalWriteError:
+                limit = self._truncate_to
             result = Replay()
             self._last_seq = 0
-            self._catch_up_locked(result)
+            self._catch_up_locked(result, limit)
             return result
 
     # -- writing ---------------------------------------------------------------------------
@@ -310,35 +368,47 @@ class Journal:
         if self._truncate_to is None:
             return
         try:
-            self._ops.ftruncate(self._fd, self._truncate_to)
-            self._ops.fsync(self._fd)
+            # Cut back only while everything past the cut is still our own failed bytes.
+            # Another process may have appended since (first dropping our fragment as a torn
+            # tail, or after our complete but unsynced lines); truncating would then destroy
+            # records it acknowledged, so we leave the file as it is.
+            tail = os.pread(self._fd, len(self._wedged_data) + 1, self._truncate_to)
+            if self._wedged_data.startswith(tail):
+                self._ops.ftruncate(self._fd, self._truncate_to)
+                self._ops.fsync(self._fd)
         except OSError as exc:
             raise JournalWriteError(
                 f"journal {self.path} is wedged: cannot truncate a failed append ({exc})"
             ) from exc
         self._offset = self._truncate_to
         self._truncate_to = None
+        self._wedged_data = b""
 
     def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Write one record durably and return it as stored (with ``seq`` and ``ts``)."""
         return self.append_batch([record])[0]
 
-    def append_batch(self, records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def append_batch(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Write several records with one write and one fsync: all of them or none."""
         if not records:
             return []
         with self._locked():
             self._settle_wedge_locked()
-            self._catch_up_locked(None)
+            try:
+                self._catch_up_locked(None)
+            except OSError as exc:
+                # e.g. the torn-tail truncate failed: nothing was written, and callers gate
+                # acknowledgement on JournalWriteError, so a bare OSError must not escape.
+                raise JournalWriteError(f"append to {self.path} failed: {exc}") from exc
             now = self._clock()
             stored: list[dict[str, Any]] = []
             lines: list[bytes] = []
             seq = self._last_seq
-            for rec in records:
+            for i, rec in enumerate(records):
                 seq += 1
                 full = {**rec, "seq": seq, "ts": now}
                 try:
-                    line = encode_line(full)
+                    line = encode_line(full, more=i < len(records) - 1)
                 except (TypeError, ValueError) as exc:
                     raise JournalError(f"record is not JSON-serialisable: {exc}") from exc
                 if len(line) - 1 > self._max_line:
@@ -353,7 +423,7 @@ class Journal:
                 self._write_all(data)
                 self._ops.fsync(self._fd)
             except OSError as exc:
-                self._rollback_locked(pre)
+                self._rollback_locked(pre, data)
                 raise JournalWriteError(f"append to {self.path} failed: {exc}") from exc
             self._offset = pre + len(data)
             self._last_seq = seq
@@ -367,12 +437,12 @@ class Journal:
                 raise OSError(errno.EIO, "write returned no progress")
             view = view[n:]
 
-    def _rollback_locked(self, pre: int) -> None:
+    def _rollback_locked(self, pre: int, data: bytes) -> None:
         try:
             self._ops.ftruncate(self._fd, pre)
             self._ops.fsync(self._fd)
         except OSError:
-            self._truncate_to = pre
+            self._truncate_to, self._wedged_data = pre, data
 
     # -- retention -------------------------------------------------------------------------
 
@@ -395,9 +465,20 @@ class Journal:
                                    else b"<oversize line at %d>" % line.offset)
                     continue
                 assert line.raw is not None
-                lines.append(line.raw)
+                raw = line.raw
+                if raw.startswith(_MORE):
+                    # kept lines stand alone in the new file: a kept _MORE line whose batch
+                    # end was dropped must not read as an unfinished write there
+                    body = raw[_HEAD_LEN:-1]
+                    raw = b"%s%08x%s%s}" % (_PREFIX, zlib.crc32(body), _MIDDLE, body)
+                lines.append(raw)
                 records.append(decoded)
             keep = retention.plan(records, now, max_age)
+            if keep:
+                # The newest record carries the file's highest seq. Dropping it would let a
+                # replay, a reopen or another process (which only learn seq from the file)
+                # reuse seqs already issued: ADR 0001 keeps seq monotonic across retention.
+                keep[-1] = True
             kept = [raw for raw, k in zip(lines, keep, strict=True) if k]
             dropped = len(lines) - len(kept)
             if not dropped and not damaged:
@@ -449,9 +530,8 @@ def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Repla
     try:
         size = os.fstat(fd).st_size
         end = 0
-        for line in _scan(fd, 0, size, max_line):
+        for line, decoded in _whole_writes(_scan(fd, 0, size, max_line)):
             end = line.end + 1
-            decoded = _decode(line)
             if isinstance(decoded, str):
                 result.damage.append(Damage(line.offset, line.end - line.offset, decoded))
             else:
