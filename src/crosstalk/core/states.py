@@ -16,6 +16,7 @@ Subjects:
   ``bounced`` is a native reply the shim refused to forward (ADR 0009).
 - ``ask``: the reply obligation an ask opens at its receiver: ``open`` until the reply tool
   answers it, its deadline passes, or its conversation goes away.
+- ``task``: an A2A task at the receiving agent (journal-backed task store, seed S12).
 - ``reply``: the staged forward of an answer back to the asker: ``pending`` until it is
   ``forwarded`` or definitely ``unreachable``.
 """
@@ -37,6 +38,19 @@ class MessageState(StrEnum):
     UNKNOWN = "unknown"
     RECOVERED = "recovered"
     BOUNCED = "bounced"
+    CANCELED = "canceled"  # an A2A CancelTask that won the race against the dispatch claim
+
+
+class TaskState(StrEnum):
+    """A2A task states as CrossTalk journals them (the wire names are TASK_STATE_*)."""
+
+    SUBMITTED = "submitted"
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    REJECTED = "rejected"
 
 
 class AskState(StrEnum):
@@ -82,12 +96,13 @@ def _m(initial: set[str], edges: dict[str, set[str]], unresolved: set[str]) -> M
 M = MessageState
 A = AskState
 R = ReplyState
+T = TaskState
 
 MACHINES: Mapping[str, Machine] = {
     "message": _m(
         initial={M.SUBMITTED, M.REJECTED, M.BOUNCED},
         edges={
-            M.SUBMITTED: {M.DISPATCHING, M.REJECTED, M.RECOVERED, M.UNREACHABLE},
+            M.SUBMITTED: {M.DISPATCHING, M.REJECTED, M.RECOVERED, M.UNREACHABLE, M.CANCELED},
             M.DISPATCHING: {M.ACCEPTED, M.QUEUED, M.UNKNOWN, M.UNREACHABLE},
             # Reconciliation may settle an ambiguous dispatch, but only with positive evidence.
             M.UNKNOWN: {M.ACCEPTED, M.QUEUED, M.UNREACHABLE},
@@ -97,6 +112,7 @@ MACHINES: Mapping[str, Machine] = {
             M.UNREACHABLE: set(),
             M.RECOVERED: set(),
             M.BOUNCED: set(),
+            M.CANCELED: set(),
         },
         unresolved={M.SUBMITTED, M.DISPATCHING, M.UNKNOWN, M.RECOVERED},
     ),
@@ -105,6 +121,16 @@ MACHINES: Mapping[str, Machine] = {
         edges={A.OPEN: {A.ANSWERED, A.EXPIRED, A.CLOSED}, A.ANSWERED: set(),
                A.EXPIRED: set(), A.CLOSED: set()},
         unresolved={A.OPEN},
+    ),
+    "task": _m(
+        initial={T.SUBMITTED, T.REJECTED},
+        edges={
+            T.SUBMITTED: {T.WORKING, T.COMPLETED, T.FAILED, T.CANCELED, T.REJECTED},
+            T.WORKING: {T.COMPLETED, T.FAILED, T.CANCELED, T.INPUT_REQUIRED},
+            T.INPUT_REQUIRED: {T.WORKING, T.COMPLETED, T.FAILED, T.CANCELED},
+            T.COMPLETED: set(), T.FAILED: set(), T.CANCELED: set(), T.REJECTED: set(),
+        },
+        unresolved={T.SUBMITTED, T.WORKING, T.INPUT_REQUIRED},
     ),
     "reply": _m(
         initial={R.PENDING},

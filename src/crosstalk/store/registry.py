@@ -23,6 +23,7 @@ Why it is shaped like this (seed §3, F8, C7):
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
 import secrets
@@ -248,6 +249,34 @@ class Registry:
     def find(self, name_or_id: str) -> list[Descriptor]:
         """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
         return [d for d in self.live() if name_or_id in (d.name, d.agent_id)]
+
+    def agent_for_token(self, token: str) -> Descriptor | None:
+        """The live agent whose bearer token this is (A2A sender identity), else ``None``.
+
+        Only credential files inside our own credentials directory count: a descriptor cannot
+        point us at some other file and have its contents taken as a token.
+        """
+        if not token:
+            return None
+        presented = token.encode()
+        for d in self.live():
+            path = self.credential_path(d.agent_id)
+            if Path(d.credential_ref) != path:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o077:
+                    continue
+                stored = os.read(fd, 256).strip()
+            finally:
+                os.close(fd)
+            if stored and hmac.compare_digest(stored, presented):
+                return d
+        return None
 
     def holder_of(self, name: str) -> Descriptor | None:
         """The live registration currently using ``name``, if any."""

@@ -1,0 +1,89 @@
+"""The internal message record (seed §4, F12): what the receiver chain and the mailbox hold.
+
+It is not a wire format. Each ingress decodes its own wire shape into a :class:`Message`
+whose :class:`Sender` it has *verified* (A2A bearer token, uds peer credentials); nothing a
+frame says about itself ever becomes identity (seed §7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    INFORM = "inform"
+    COMMAND = "command"
+    ASK = "ask"
+
+
+class DeliveryMode(StrEnum):
+    IMMEDIATE = "immediate"
+    NEXT_TURN = "next_turn"
+
+
+class Ingress(StrEnum):
+    A2A = "a2a"
+    UDS = "uds"  # Claude-compatible socket: native frames and `crosstalk send`
+    LOCAL = "local"  # the shim itself (claim notices, bounces)
+
+
+UNVERIFIED = "unverified"
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who a message is from, as far as the transport proves it.
+
+    ``agent_id`` is set only for a registered agent the transport verified; ``name`` and
+    ``role`` are then read from that agent's registration, never from the message.
+    """
+
+    agent_id: str | None
+    name: str | None = None
+    role: str | None = None  # "primary" | "subagent" for registered agents
+    ingress: Ingress = Ingress.A2A
+    peer_pid: int | None = None
+    #: The address a native reply would go to (display and routing hints only).
+    reply_address: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.agent_id is not None
+
+    @property
+    def key(self) -> str:
+        """The dedupe namespace of this sender: its agent_id, or one bucket for the unverified."""
+        return self.agent_id or UNVERIFIED
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return self.agent_id or UNVERIFIED
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str
+    sender: Sender
+    text: str
+    kind: Kind = Kind.INFORM
+    delivery: DeliveryMode = DeliveryMode.IMMEDIATE
+    in_reply_to: str | None = None
+    context_id: str | None = None
+    task_id: str | None = None
+    deadline_seconds: int = 0
+    hop_chain: tuple[str, ...] = ()
+    sent_at: float | None = None
+    #: An A2A request that named an existing taskId (seed R2 treats these differently).
+    continuation: bool = False
+    #: True for a uds frame without our metadata: it got a fresh message_id on arrival and is
+    #: exempt from dedupe (identical repeated text is legal, seed F6).
+    native: bool = False
+    #: Anything the wire carried that we keep for display (e.g. Claude's from-name), untrusted.
+    claimed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text_bytes(self) -> int:
+        return len(self.text.encode())

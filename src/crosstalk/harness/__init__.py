@@ -1,0 +1,1 @@
+"""Harness adapters behind one seam (:mod:`crosstalk.harness.base`)."""

@@ -1,0 +1,84 @@
+"""The one seam between CrossTalk and a harness (like httpx's transports).
+
+Everything harness-specific — how a session is bound, how text gets into it, how a message is
+rendered for its model — sits behind :class:`Harness`. The receiver, the shim and the A2A
+layer see only this module. :mod:`crosstalk.harness.fake` is a first-class implementation used
+by tests, benchmarks and the demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from crosstalk.core.message import DeliveryMode, Message
+from crosstalk.core.states import MessageState
+
+#: The states an injection may end in (seed §8).
+OUTCOME_STATES = frozenset({
+    MessageState.ACCEPTED, MessageState.QUEUED, MessageState.UNREACHABLE, MessageState.UNKNOWN,
+})
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Which conversation on which server an agent is bound to (seed §3, F2)."""
+
+    harness: str
+    session_ref: str
+    endpoint: str | None
+    instance_id: str
+
+    def same_conversation(self, other: Binding | dict[str, Any] | None) -> bool:
+        if other is None:
+            return False
+        if isinstance(other, Binding):
+            return (other.endpoint, other.session_ref) == (self.endpoint, self.session_ref)
+        return (other.get("endpoint"), other.get("session_ref")) == (
+            self.endpoint, self.session_ref)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"harness": self.harness, "session_ref": self.session_ref,
+                "endpoint": self.endpoint, "instance_id": self.instance_id}
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message to put into the bound session."""
+
+    message: Message
+    #: Where a native reply from the session would go (Claude: the injecting agent's uds path).
+    reply_address: str | None = None
+
+    @property
+    def wake(self) -> bool:
+        """Whether the delivery may start a turn: never for unverified senders (CQ3)."""
+        return self.message.sender.verified and self.message.delivery is DeliveryMode.IMMEDIATE
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: MessageState
+    reason: str | None = None
+    #: Harness evidence for the state (a Codex turn id, "socket open past grace", ...).
+    evidence: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in OUTCOME_STATES:
+            raise ValueError(f"an injection cannot end in {self.state!r}")
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """What every harness adapter provides."""
+
+    name: str
+
+    async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
+        """Put the message into the session and report what the harness proved.
+
+        ``accepted``/``queued`` need harness evidence; a definite refusal or a failure before
+        anything was sent is ``unreachable``; anything ambiguous after sending is ``unknown``
+        (never retried by the caller). Raising counts as ``unknown``.
+        """
+        ...

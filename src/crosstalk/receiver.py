@@ -1,0 +1,417 @@
+"""The one receiver chain every inbound message goes through (seed §5).
+
+    authenticate (the ingress) → dedupe → hop chain → policy + admission → dispatch claim → inject
+
+Rules this module enforces, and why:
+
+- **Durable before acknowledged (R1).** Acceptance is journaled (``submitted``) before the
+  chain goes on, the dispatch claim (``dispatching``) before the harness is touched, and the
+  outcome before it is returned. A failed write before the harness write raises
+  :class:`ReceiverUnavailable` (nothing was accepted); a failed write after it turns the answer
+  into ``unknown``, never ``accepted``.
+- **Dedupe is atomic.** The check, the journal write and the index update run without an
+  ``await`` in between, so two concurrent copies of one (sender, message_id) — even on two
+  ingresses at once — cannot both reach the harness. A retry returns the prior state.
+- **Native frames are exempt.** A Claude frame has no id of ours: it gets a fresh one and
+  repeating the same text is legal (F6).
+- **An ambiguous dispatch is never resent.** Once ``dispatching`` is journaled the message
+  can only end in an outcome; a crash there replays as ``unknown`` (R2).
+- **Admission rejects, never evicts.** Limit breaches are transient rejections that leave no
+  dedupe record (a later retry may pass); policy, hop and size rejections are deterministic and
+  are journaled, so a retry gets the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from crosstalk.core.admission import Admission, Limits
+from crosstalk.core.hops import check_hop_chain, hop_token
+from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
+from crosstalk.core.policy import TargetRole, authorize
+from crosstalk.core.states import AskState, MessageState, check_transition
+from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
+from crosstalk.store.journal import Journal, JournalError
+
+M = MessageState
+
+
+class ReceiverUnavailable(Exception):
+    """The journal refused a write before acceptance: the message was not accepted."""
+
+
+@dataclass(frozen=True)
+class Result:
+    message_id: str
+    state: MessageState
+    reason: str | None = None
+    duplicate: bool = False
+    evidence: str | None = None
+
+
+@dataclass
+class Entry:
+    """What this receiver knows about one inbound message."""
+
+    message_id: str
+    sender: Sender
+    kind: str
+    state: MessageState
+    ingress: str
+    reason: str | None = None
+    task_id: str | None = None
+    continuation: bool = False
+    binding: dict[str, Any] | None = None
+    #: Present while the message may still be dispatched (in flight or resumable).
+    message: Message | None = None
+    ask: AskState | None = None
+    reply_text: str | None = None
+    evidence: str | None = None
+
+    def result(self, *, duplicate: bool = False) -> Result:
+        return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
+
+
+Listener = Callable[[Entry], None]
+
+
+def sender_record(sender: Sender) -> dict[str, Any]:
+    return {"key": sender.key, "agent_id": sender.agent_id, "name": sender.name,
+            "role": sender.role, "ingress": sender.ingress.value, "peer_pid": sender.peer_pid,
+            "reply_address": sender.reply_address}
+
+
+def sender_from_record(data: Mapping[str, Any]) -> Sender:
+    ingress = data.get("ingress")
+    return Sender(
+        agent_id=data.get("agent_id") if isinstance(data.get("agent_id"), str) else None,
+        name=data.get("name") if isinstance(data.get("name"), str) else None,
+        role=data.get("role") if isinstance(data.get("role"), str) else None,
+        ingress=Ingress(ingress) if ingress in {i.value for i in Ingress} else Ingress.A2A,
+        peer_pid=data.get("peer_pid") if isinstance(data.get("peer_pid"), int) else None,
+        reply_address=(data.get("reply_address")
+                       if isinstance(data.get("reply_address"), str) else None),
+    )
+
+
+def message_record(msg: Message, binding: Binding | None) -> dict[str, Any]:
+    refs = [r for r in (msg.task_id, msg.in_reply_to) if r]
+    return {
+        "subject": "message", "id": msg.message_id, "state": M.SUBMITTED.value,
+        "sender": sender_record(msg.sender), "kind": msg.kind.value,
+        "delivery": msg.delivery.value, "text": msg.text, "in_reply_to": msg.in_reply_to,
+        "context_id": msg.context_id, "task_id": msg.task_id, "continuation": msg.continuation,
+        "deadline_seconds": msg.deadline_seconds, "hop_chain": list(msg.hop_chain),
+        "native": msg.native, "claimed": msg.claimed, "sent_at": msg.sent_at,
+        "binding": binding.as_record() if binding else None, "refs": refs,
+    }
+
+
+def message_from_record(rec: Mapping[str, Any]) -> Message | None:
+    """Rebuild the message a ``submitted`` record holds, or ``None`` if it is unreadable."""
+    try:
+        sender = sender_from_record(rec.get("sender") or {})
+        return Message(
+            message_id=str(rec["id"]), sender=sender, text=str(rec["text"]),
+            kind=Kind(rec.get("kind", "inform")),
+            delivery=DeliveryMode(rec.get("delivery", "immediate")),
+            in_reply_to=rec.get("in_reply_to"), context_id=rec.get("context_id"),
+            task_id=rec.get("task_id"), continuation=bool(rec.get("continuation")),
+            deadline_seconds=int(rec.get("deadline_seconds") or 0),
+            hop_chain=tuple(rec.get("hop_chain") or ()), native=bool(rec.get("native")),
+            sent_at=rec.get("sent_at"),
+        )
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+@dataclass
+class Receiver:
+    """The chain for one agent. Single event loop; not thread-safe by design."""
+
+    agent_id: str
+    journal: Journal
+    harness: Harness
+    binding: Binding | None
+    limits: Limits = field(default_factory=Limits)
+    reply_address: str | None = None
+    target_role: Callable[[], TargetRole] = TargetRole
+    clock: Callable[[], float] = time.time
+    entries: dict[str, Entry] = field(default_factory=dict)
+    listeners: list[Listener] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.limits)
+        self.hop_token = hop_token(self.agent_id)
+
+    # -- the chain -------------------------------------------------------------------------
+
+    async def receive(self, msg: Message) -> Result:
+        admitted = self.admit(msg)
+        if isinstance(admitted, Result):
+            return admitted
+        return await self.dispatch(admitted)
+
+    def admit(self, msg: Message) -> Entry | Result:
+        """Dedupe, checks and the durable ``submitted`` record, all without yielding.
+
+        Returns the admitted :class:`Entry`, or the final :class:`Result` when the message
+        stops here (duplicate or rejected).
+        """
+        prior = self.entries.get(msg.message_id)
+        if prior is not None:
+            if msg.native or prior.sender.key != msg.sender.key:
+                # A fresh native id never collides; another sender reusing an id is refused
+                # rather than answered with someone else's state.
+                return Result(msg.message_id, M.REJECTED, "message_id_conflict")
+            return prior.result(duplicate=True)
+        reason = self.check(msg)
+        if reason is not None:
+            return self._reject(msg, reason)
+        reason = self._reserve(msg)
+        if reason is not None:
+            return Result(msg.message_id, M.REJECTED, reason)  # transient: not journaled
+        try:
+            self.journal.append(message_record(msg, self.binding))
+        except JournalError as exc:
+            self._release(msg.message_id, msg.kind.value)
+            raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
+        entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.SUBMITTED,
+                      msg.sender.ingress.value, task_id=msg.task_id,
+                      continuation=msg.continuation,
+                      binding=self.binding.as_record() if self.binding else None, message=msg)
+        self.entries[msg.message_id] = entry
+        self._notify(entry)
+        return entry
+
+    def check(self, msg: Message) -> str | None:
+        """The deterministic checks: hop chain (A2A only), policy, size."""
+        if msg.sender.ingress is Ingress.A2A:
+            reason = check_hop_chain(msg.hop_chain, self.hop_token)
+            if reason is not None:
+                return reason
+        verdict = authorize(msg.kind.value, msg.sender, self.target_role())
+        if not verdict.ok:
+            return verdict.reason
+        return self.admission.check_size(msg.text_bytes)
+
+    def _reserve(self, msg: Message) -> str | None:
+        if msg.kind is Kind.ASK:
+            return self.admission.reserve_ask(msg.message_id)
+        return None
+
+    def _release(self, message_id: str, kind: str) -> None:
+        if kind == Kind.ASK.value:
+            self.admission.release_ask(message_id)
+
+    def _reject(self, msg: Message, reason: str) -> Result:
+        record = {"subject": "message", "id": msg.message_id, "state": M.REJECTED.value,
+                  "reason": reason, "sender": sender_record(msg.sender), "kind": msg.kind.value,
+                  "native": msg.native, "task_id": msg.task_id,
+                  "binding": self.binding.as_record() if self.binding else None}
+        try:
+            self.journal.append(record)
+        except JournalError as exc:
+            raise ReceiverUnavailable(f"journal refused the rejection: {exc}") from exc
+        entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.REJECTED,
+                      msg.sender.ingress.value, reason=reason, task_id=msg.task_id)
+        self.entries[msg.message_id] = entry
+        self._notify(entry)
+        return entry.result()
+
+    async def dispatch(self, entry: Entry) -> Result:
+        """Claim the dispatch, inject, journal the outcome."""
+        if entry.state is not M.SUBMITTED or entry.message is None:
+            return entry.result()  # canceled (or already dispatched) while waiting
+        msg = entry.message
+        if self.binding is None:
+            self._transition(entry, M.UNREACHABLE, "not_bound", required=True)
+            return entry.result()
+        self._transition(entry, M.DISPATCHING, None, required=True)
+        try:
+            outcome = await self.harness.inject(self.binding,
+                                                Delivery(msg, self.reply_address))
+            if not isinstance(outcome, Outcome):
+                outcome = Outcome(M.UNKNOWN, "malformed_harness_result")
+        except asyncio.CancelledError:
+            self._transition(entry, M.UNKNOWN, "dispatch_cancelled", required=False)
+            raise
+        except Exception as exc:  # a disconnect after the claim is ambiguous by definition
+            outcome = Outcome(M.UNKNOWN, f"inject_error: {type(exc).__name__}")
+        entry.message = None  # never dispatched again
+        self._transition(entry, outcome.state, outcome.reason, evidence=outcome.evidence,
+                         required=False)
+        self._after_outcome(entry, msg)
+        return entry.result()
+
+    def _after_outcome(self, entry: Entry, msg: Message) -> None:
+        if entry.kind == Kind.ASK.value and entry.state in (M.ACCEPTED, M.QUEUED):
+            self._open_ask(entry, msg)
+        elif entry.state is not M.UNKNOWN:
+            # An unknown ask keeps its slot: it may still be answered.
+            self._release(entry.message_id, entry.kind)
+
+    def cancel(self, message_id: str) -> bool:
+        """Cancel a message that has not been claimed for dispatch (the A2A CancelTask race)."""
+        entry = self.entries.get(message_id)
+        if entry is None or entry.state is not M.SUBMITTED:
+            return False
+        self._transition(entry, M.CANCELED, "canceled", required=True)
+        entry.message = None
+        self._release(message_id, entry.kind)
+        return True
+
+    # -- state changes ---------------------------------------------------------------------
+
+    def _transition(self, entry: Entry, state: MessageState, reason: str | None, *,
+                    required: bool, evidence: str | None = None) -> None:
+        """Journal then apply a state change.
+
+        ``required`` writes gate what happens next and raise :class:`ReceiverUnavailable`;
+        a failed outcome write after the harness write makes the state ``unknown`` (R1).
+        """
+        check_transition("message", entry.state, state)
+        record: dict[str, Any] = {"subject": "message", "id": entry.message_id,
+                                  "state": state.value, "reason": reason}
+        if evidence:
+            record["evidence"] = evidence
+        try:
+            self.journal.append(record)
+        except JournalError as exc:
+            if required:
+                raise ReceiverUnavailable(f"journal refused {state.value}: {exc}") from exc
+            if state is not M.UNKNOWN and entry.state is M.DISPATCHING:
+                state, reason, evidence = M.UNKNOWN, "journal_write_failed", None
+        entry.state, entry.reason, entry.evidence = state, reason, evidence
+        self._notify(entry)
+
+    def _open_ask(self, entry: Entry, msg: Message) -> None:
+        deadline = (self.clock() + msg.deadline_seconds) if msg.deadline_seconds > 0 else None
+        try:
+            self.journal.append({"subject": "ask", "id": entry.message_id,
+                                 "state": AskState.OPEN.value, "deadline_at": deadline,
+                                 "sender": msg.sender.key, "refs": [r for r in (
+                                     msg.task_id,) if r]})
+        except JournalError:
+            # Delivered, but the obligation is not durable: say so rather than claim success.
+            entry.state, entry.reason = M.UNKNOWN, "journal_write_failed"
+            self._notify(entry)
+            return
+        entry.ask = AskState.OPEN
+        self._notify(entry)
+
+    def close_ask(self, message_id: str, state: AskState, reply_text: str | None = None) -> Entry:
+        """Answer, expire or close an open ask (journaled first); listeners complete tasks."""
+        entry = self.entries.get(message_id)
+        if entry is None or entry.ask is None:
+            raise KeyError(message_id)
+        check_transition("ask", entry.ask.value, state.value)
+        record: dict[str, Any] = {"subject": "ask", "id": message_id, "state": state.value}
+        if reply_text is not None:
+            record["reply"] = reply_text
+        try:
+            self.journal.append(record)
+        except JournalError as exc:
+            raise ReceiverUnavailable(f"journal refused the ask update: {exc}") from exc
+        entry.ask, entry.reply_text = state, reply_text
+        self.admission.release_ask(message_id)
+        self._notify(entry)
+        return entry
+
+    def resolve(self, message_id: str, state: MessageState, reason: str | None = None) -> None:
+        """Apply an outcome learned after the fact (a receipt, a reconciler's evidence)."""
+        entry = self.entries[message_id]
+        self._transition(entry, state, reason, required=True)
+
+    def _notify(self, entry: Entry) -> None:
+        for listener in list(self.listeners):
+            listener(entry)
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> list[Entry]:
+        """Rebuild from the journal and settle what a crash left open (seed R2).
+
+        Returns A2A first messages still ``submitted`` in this conversation: the A2A layer
+        resumes them (re-running the chain from policy, dispatch included).
+        """
+        for rec in records:
+            if rec.get("subject") == "message":
+                self._restore_message(rec)
+            elif rec.get("subject") == "ask":
+                self._restore_ask(rec)
+        resumable: list[Entry] = []
+        for entry in self.entries.values():
+            here = self.binding is not None and self.binding.same_conversation(entry.binding)
+            if entry.state is M.DISPATCHING:
+                entry.message = None
+                self._transition(entry, M.UNKNOWN, "interrupted_during_dispatch", required=True)
+            elif entry.state is M.SUBMITTED:
+                self._settle_submitted(entry, here, resumable)
+            if entry.ask is AskState.OPEN:
+                self.admission.open_asks.add(entry.message_id)
+        return resumable
+
+    def _settle_submitted(self, entry: Entry, here: bool, resumable: list[Entry]) -> None:
+        msg = entry.message
+        if entry.ingress == Ingress.UDS.value:
+            entry.message = None
+            if msg is None or self.check(msg) is not None:
+                self._transition(entry, M.REJECTED, "failed_recheck_after_restart",
+                                 required=True)
+            elif here:
+                self._transition(entry, M.RECOVERED, "restart_before_dispatch", required=True)
+            else:
+                self._transition(entry, M.UNREACHABLE, "bound_to_another_conversation",
+                                 required=True)
+        elif not here:
+            entry.message = None
+            self._transition(entry, M.UNREACHABLE, "bound_to_another_conversation",
+                             required=True)
+        elif not entry.continuation and msg is not None:
+            resumable.append(entry)
+        # A stranded A2A continuation stays submitted: neither resumed nor surfaced (R2).
+
+    def _restore_message(self, rec: Mapping[str, Any]) -> None:
+        mid, state = rec.get("id"), rec.get("state")
+        if not isinstance(mid, str) or state not in {s.value for s in MessageState}:
+            return
+        entry = self.entries.get(mid)
+        if entry is None:
+            msg = message_from_record(rec) if state == M.SUBMITTED.value else None
+            sender = sender_from_record(rec.get("sender") or {})
+            entry = Entry(mid, sender, str(rec.get("kind", "inform")), M(state),
+                          sender.ingress.value, reason=rec.get("reason"),
+                          task_id=rec.get("task_id"),
+                          continuation=bool(rec.get("continuation")),
+                          binding=rec.get("binding"), message=msg)
+            self.entries[mid] = entry
+            return
+        entry.state, entry.reason = M(state), rec.get("reason")
+        entry.evidence = rec.get("evidence")
+        if entry.state is not M.SUBMITTED:
+            entry.message = None
+
+    def _restore_ask(self, rec: Mapping[str, Any]) -> None:
+        entry = self.entries.get(str(rec.get("id")))
+        if entry is None or rec.get("state") not in {s.value for s in AskState}:
+            return
+        entry.ask = AskState(rec["state"])
+        if isinstance(rec.get("reply"), str):
+            entry.reply_text = rec["reply"]
+
+    async def resume(self, entry: Entry) -> Result:
+        """Re-run an A2A first message from policy, dispatch included (seed R2)."""
+        msg = entry.message
+        if msg is None or entry.state is not M.SUBMITTED:
+            return entry.result()
+        reason = self.check(msg)
+        if reason is not None:
+            entry.message = None
+            self._transition(entry, M.REJECTED, reason, required=True)
+            return entry.result()
+        return await self.dispatch(entry)
