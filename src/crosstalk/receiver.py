@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from crosstalk.core.admission import Admission, Limits
@@ -35,7 +35,7 @@ from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.policy import TargetRole, authorize
 from crosstalk.core.states import AskState, MessageState, check_transition
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
-from crosstalk.store.journal import Journal, JournalError
+from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 
 M = MessageState
 
@@ -71,6 +71,12 @@ class Entry:
     ask: AskState | None = None
     reply_text: str | None = None
     evidence: str | None = None
+    #: An ask's deadline, kept so a reply obligation can still be opened after dispatch (a
+    #: late ``resolve`` of an unknown ask).
+    deadline_seconds: int = 0
+    #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
+    #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
+    stalled: bool = False
 
     def result(self, *, duplicate: bool = False) -> Result:
         return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
@@ -153,6 +159,14 @@ class Receiver:
     async def receive(self, msg: Message) -> Result:
         admitted = self.admit(msg)
         if isinstance(admitted, Result):
+            prior = self.entries.get(msg.message_id)
+            if (admitted.duplicate and prior is not None and prior.stalled
+                    and prior.state is M.SUBMITTED and prior.message is not None):
+                # Fix (R1, tests/unit/test_receiver.py): the sender was told the first attempt
+                # failed (ReceiverUnavailable at the dispatch claim) and retries; returning the
+                # durable ``submitted`` state left the message undispatched until a restart.
+                prior.stalled = False
+                return replace(await self.dispatch(prior), duplicate=True)
             return admitted
         return await self.dispatch(admitted)
 
@@ -177,13 +191,20 @@ class Receiver:
             return Result(msg.message_id, M.REJECTED, reason)  # transient: not journaled
         try:
             self.journal.append(message_record(msg, self.binding))
+        except RecordTooLarge:
+            # Fix (R10): the persisted-record cap is an admission limit like the text size
+            # (e.g. control characters JSON-escape sixfold). It was ReceiverUnavailable, an
+            # outage the sender would retry forever; it is a deterministic rejection.
+            self._release(msg.message_id, msg.kind.value)
+            return self._reject(msg, "message_too_large")
         except JournalError as exc:
             self._release(msg.message_id, msg.kind.value)
             raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
         entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.SUBMITTED,
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
-                      binding=self.binding.as_record() if self.binding else None, message=msg)
+                      binding=self.binding.as_record() if self.binding else None, message=msg,
+                      deadline_seconds=msg.deadline_seconds)
         self.entries[msg.message_id] = entry
         self._notify(entry)
         return entry
@@ -230,29 +251,48 @@ class Receiver:
         msg = entry.message
         if self.binding is None:
             self._transition(entry, M.UNREACHABLE, "not_bound", required=True)
+            entry.message = None
+            # Fix: an unbound ask used to keep its admission slot forever.
+            self._after_outcome(entry)
             return entry.result()
-        self._transition(entry, M.DISPATCHING, None, required=True)
+        try:
+            self._transition(entry, M.DISPATCHING, None, required=True)
+        except ReceiverUnavailable:
+            entry.stalled = True  # nothing was claimed or sent: a retry may dispatch (R1)
+            raise
         try:
             outcome = await self.harness.inject(self.binding,
                                                 Delivery(msg, self.reply_address))
             if not isinstance(outcome, Outcome):
                 outcome = Outcome(M.UNKNOWN, "malformed_harness_result")
         except asyncio.CancelledError:
-            self._transition(entry, M.UNKNOWN, "dispatch_cancelled", required=False)
+            if self._claimed(entry):  # not already settled by a receipt (see below)
+                self._transition(entry, M.UNKNOWN, "dispatch_cancelled", required=False)
             raise
         except Exception as exc:  # a disconnect after the claim is ambiguous by definition
             outcome = Outcome(M.UNKNOWN, f"inject_error: {type(exc).__name__}")
         entry.message = None  # never dispatched again
+        if not self._claimed(entry):
+            # Fix: resolve() (a Claude receipt reaching the uds ingress during the injector's
+            # grace period) settled the claim while inject() was in flight. The later outcome
+            # write raised IllegalTransition out of dispatch; the receipt is the better
+            # evidence and resolve() already did the ask bookkeeping, so it stands.
+            return entry.result()
         self._transition(entry, outcome.state, outcome.reason, evidence=outcome.evidence,
-                         required=False)
-        self._after_outcome(entry, msg)
+                         required=False, ask_record=self._ask_record(entry, outcome.state))
+        self._after_outcome(entry)
         return entry.result()
 
-    def _after_outcome(self, entry: Entry, msg: Message) -> None:
-        if entry.kind == Kind.ASK.value and entry.state in (M.ACCEPTED, M.QUEUED):
-            self._open_ask(entry, msg)
-        elif entry.state is not M.UNKNOWN:
-            # An unknown ask keeps its slot: it may still be answered.
+    @staticmethod
+    def _claimed(entry: Entry) -> bool:
+        """Still held by this dispatch's claim (the state may change while inject awaits)."""
+        return entry.state is M.DISPATCHING
+
+    def _after_outcome(self, entry: Entry) -> None:
+        if entry.kind == Kind.ASK.value and entry.state not in (M.ACCEPTED, M.QUEUED,
+                                                                 M.UNKNOWN):
+            # A delivered ask's slot is held by its open obligation; an unknown ask keeps its
+            # slot: it may still be answered. Anything else frees it.
             self._release(entry.message_id, entry.kind)
 
     def cancel(self, message_id: str) -> bool:
@@ -268,11 +308,14 @@ class Receiver:
     # -- state changes ---------------------------------------------------------------------
 
     def _transition(self, entry: Entry, state: MessageState, reason: str | None, *,
-                    required: bool, evidence: str | None = None) -> None:
+                    required: bool, evidence: str | None = None,
+                    ask_record: dict[str, Any] | None = None) -> None:
         """Journal then apply a state change.
 
         ``required`` writes gate what happens next and raise :class:`ReceiverUnavailable`;
         a failed outcome write after the harness write makes the state ``unknown`` (R1).
+        ``ask_record`` (the reply obligation a delivered ask opens) goes into the same write
+        as the outcome: both are durable or neither is.
         """
         check_transition("message", entry.state, state)
         record: dict[str, Any] = {"subject": "message", "id": entry.message_id,
@@ -280,29 +323,33 @@ class Receiver:
         if evidence:
             record["evidence"] = evidence
         try:
-            self.journal.append(record)
+            self.journal.append_batch([record] if ask_record is None else [record, ask_record])
         except JournalError as exc:
             if required:
                 raise ReceiverUnavailable(f"journal refused {state.value}: {exc}") from exc
             if state is not M.UNKNOWN and entry.state is M.DISPATCHING:
                 state, reason, evidence = M.UNKNOWN, "journal_write_failed", None
+            ask_record = None
         entry.state, entry.reason, entry.evidence = state, reason, evidence
+        if ask_record is not None:
+            entry.ask = AskState.OPEN
+            self.admission.open_asks.add(entry.message_id)  # already reserved, or delivered
         self._notify(entry)
 
-    def _open_ask(self, entry: Entry, msg: Message) -> None:
-        deadline = (self.clock() + msg.deadline_seconds) if msg.deadline_seconds > 0 else None
-        try:
-            self.journal.append({"subject": "ask", "id": entry.message_id,
-                                 "state": AskState.OPEN.value, "deadline_at": deadline,
-                                 "sender": msg.sender.key, "refs": [r for r in (
-                                     msg.task_id,) if r]})
-        except JournalError:
-            # Delivered, but the obligation is not durable: say so rather than claim success.
-            entry.state, entry.reason = M.UNKNOWN, "journal_write_failed"
-            self._notify(entry)
-            return
-        entry.ask = AskState.OPEN
-        self._notify(entry)
+    def _ask_record(self, entry: Entry, state: MessageState) -> dict[str, Any] | None:
+        """The open-ask record if moving ``entry`` to ``state`` opens its reply obligation.
+
+        Fix: this used to be a second append after the outcome; when only it failed, the
+        entry went ``accepted`` -> ``unknown`` (an edge the state table forbids) while the
+        journal kept ``accepted``, so the sender and a restarted shim disagreed.
+        """
+        if entry.kind != Kind.ASK.value or entry.ask is not None or state not in (
+                M.ACCEPTED, M.QUEUED):
+            return None
+        secs = entry.deadline_seconds
+        return {"subject": "ask", "id": entry.message_id, "state": AskState.OPEN.value,
+                "deadline_at": (self.clock() + secs) if secs > 0 else None,
+                "sender": entry.sender.key, "refs": [r for r in (entry.task_id,) if r]}
 
     def close_ask(self, message_id: str, state: AskState, reply_text: str | None = None) -> Entry:
         """Answer, expire or close an open ask (journaled first); listeners complete tasks."""
@@ -325,7 +372,11 @@ class Receiver:
     def resolve(self, message_id: str, state: MessageState, reason: str | None = None) -> None:
         """Apply an outcome learned after the fact (a receipt, a reconciler's evidence)."""
         entry = self.entries[message_id]
-        self._transition(entry, state, reason, required=True)
+        # Fix: settling an unknown ask used to skip the ask bookkeeping: a proven delivery
+        # opened no reply obligation, and a definite loss kept its admission slot forever.
+        self._transition(entry, state, reason, required=True,
+                         ask_record=self._ask_record(entry, state))
+        self._after_outcome(entry)
 
     def _notify(self, entry: Entry) -> None:
         for listener in list(self.listeners):
@@ -384,11 +435,13 @@ class Receiver:
         if entry is None:
             msg = message_from_record(rec) if state == M.SUBMITTED.value else None
             sender = sender_from_record(rec.get("sender") or {})
+            deadline = rec.get("deadline_seconds")
             entry = Entry(mid, sender, str(rec.get("kind", "inform")), M(state),
                           sender.ingress.value, reason=rec.get("reason"),
                           task_id=rec.get("task_id"),
                           continuation=bool(rec.get("continuation")),
-                          binding=rec.get("binding"), message=msg)
+                          binding=rec.get("binding"), message=msg,
+                          deadline_seconds=deadline if isinstance(deadline, int) else 0)
             self.entries[mid] = entry
             return
         entry.state, entry.reason = M(state), rec.get("reason")
@@ -409,9 +462,11 @@ class Receiver:
         msg = entry.message
         if msg is None or entry.state is not M.SUBMITTED:
             return entry.result()
-        reason = self.check(msg)
+        # Fix (R9): "re-runs the chain from policy", and admission is part of policy: a resumed
+        # ask used to be dispatched without a slot, so open asks could exceed the limit.
+        reason = self.check(msg) or self._reserve(msg)
         if reason is not None:
-            entry.message = None
             self._transition(entry, M.REJECTED, reason, required=True)
+            entry.message = None  # after the write: if it fails, the resume can be retried
             return entry.result()
         return await self.dispatch(entry)

@@ -24,8 +24,14 @@ CLAUDE_TAG = "cross-session-message"
 PEER_TAG = "peer-message"
 META_PREFIX = "[crosstalk "
 
-_TAG_RE = re.compile(r"<(/?)\s*(cross-session-message|peer-message)", re.IGNORECASE)
-_META_LINE_RE = re.compile(r"^(\\*)\[crosstalk ", re.MULTILINE)
+# Whitespace is tolerated on both sides of the "/" (found by tests/unit/test_core_envelope.py:
+# "< /cross-session-message" used to pass through unescaped).
+_TAG_RE = re.compile(r"<\s*(/?)\s*(cross-session-message|peer-message)", re.IGNORECASE)
+# Every line boundary str.splitlines() knows, not only "\n": a model reads "\r" or U+2028 as a
+# new line too, so "x\r[crosstalk kind=command]" used to forge a metadata line.
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_BREAK_RE = re.compile(f"\r\n|[{_LINE_BREAKS}]")
+_META_LINE_RE = re.compile(f"(?:^|(?<=[{_LINE_BREAKS}]))(\\\\*)\\[crosstalk ")
 _ADDR_SAFE = re.compile(r"[^A-Za-z0-9:_/.\-]")
 _CLAUDE_ATTRS = ("from", "from-session", "hop-chain", "from-name", "from-mode", "from-plugin")
 _OPEN_RE = re.compile(r"^<cross-session-message((?:\s+[a-z-]+=\"[^\"]*\")*)>\n", re.DOTALL)
@@ -52,20 +58,26 @@ def address_attr(address: str) -> str:
 
 
 def _attr_value(value: str) -> str:
-    return (value.replace("&", "&amp;").replace('"', "&quot;")
-            .replace("<", "&lt;").replace(">", "&gt;").replace("\n", " "))
+    # Every line boundary becomes a space, not only "\n" (a "\r" in from-name used to start a
+    # new line that could forge "[crosstalk ...]" in front of the metadata line).
+    value = (value.replace("&", "&amp;").replace('"', "&quot;")
+             .replace("<", "&lt;").replace(">", "&gt;"))
+    return _LINE_BREAK_RE.sub(" ", value)
 
 
 def meta_line(message_id: str, kind: str, in_reply_to: str | None = None,
               *, reply_with: str | None = None, verified: bool = True) -> str:
-    parts = [f"message-id={message_id}", f"kind={kind}"]
+    parts = [("message-id", message_id), ("kind", kind)]
     if in_reply_to:
-        parts.append(f"in-reply-to={in_reply_to}")
+        parts.append(("in-reply-to", in_reply_to))
     if not verified:
-        parts.append("sender=unverified")
+        parts.append(("sender", "unverified"))
     if reply_with:
-        parts.append(f"reply-with={reply_with}")
-    return META_PREFIX + " ".join(_attr_value(p) for p in parts) + "]"
+        parts.append(("reply-with", reply_with))
+    # Values are percent-encoded like addresses (a uuid is unchanged): message-id and
+    # in-reply-to come from the sender, and a space, "=", "]" or line break in them used to
+    # add forged fields such as "kind=command" to the line (tests/unit/test_core_envelope.py).
+    return META_PREFIX + " ".join(f"{k}={address_attr(v)}" for k, v in parts) + "]"
 
 
 def render_claude(*, body: str, from_address: str, from_name: str, message_id: str, kind: str,
