@@ -20,8 +20,6 @@ _PLANNED: dict[str, tuple[str, str]] = {
     "install": ("register CrossTalk with Claude Code and Codex", "edit both harness configs"),
     "uninstall": ("undo install exactly", "restore both harness configs"),
     "agents": ("list every session on this machine", "show name, harness, status, reachability"),
-    "send": ("send a message to an agent by name", "deliver through the agent's uds ingress"),
-    "tail": ("follow an agent's journal", "print journal records as they are written"),
     "doctor": ("diagnose the installation", "check harnesses, sockets, permissions, stale state"),
     "capture": ("dump one inbound frame for diagnosis", "record one frame from a socket"),
 }
@@ -36,6 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="show CrossTalk working with no harness installed")
     demo.add_argument("--keep", action="store_true", help="keep the demo's state directory")
+    send = sub.add_parser(
+        "send", help="send a message to an agent by name or agent_id",
+        description="Deliver one inform through the agent's uds ingress, as an unverified "
+        "sender. Exit 0 accepted or queued, 1 another state, 3 no such agent or ambiguous, "
+        "4 transport failure.")
+    send.add_argument("to", help="agent name or agent_id")
+    send.add_argument("text", help="the message, or - to read it from stdin")
+    send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
+    send.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                      help="how long to wait for the ack (default 30)")
+    tail = sub.add_parser("tail", help="print an agent's journal (every journal if none named)")
+    tail.add_argument("agent", nargs="?", help="agent name or agent_id")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
+    tail.add_argument("--json", action="store_true", help="print records as JSON lines")
     for name, (help_text, _) in _PLANNED.items():
         p = sub.add_parser(name, help=f"{help_text} (not built yet)")
         p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -52,6 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from crosstalk.demo import run_demo
 
         return run_demo(keep=args.keep)
+    if args.command in ("send", "tail"):
+        from crosstalk.config import state_dir
+        from crosstalk.send import run_send, run_tail
+
+        if args.command == "send":
+            if args.timeout <= 0:
+                parser.error("--timeout must be positive")
+            return run_send(state_dir(), args.to, args.text, as_json=args.json,
+                            timeout=args.timeout)
+        return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
     _, plan = _PLANNED[args.command]
     print(f"crosstalk {args.command}: not built yet (it will {plan})", file=sys.stderr)
     return EXIT_USAGE

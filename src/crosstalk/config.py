@@ -42,6 +42,18 @@ def state_dir(env: dict[str, str] | None = None) -> Path:
     return expand(home) / ".local" / "state" / "crosstalk"
 
 
+def journal_path(home: Path, agent_id: str) -> Path:
+    """Where an agent's journal lives: ``<state>/journal/<agent_id>.jsonl`` (seed §5)."""
+    return home / "journal" / f"{agent_id}.jsonl"
+
+
+def uds_key_path(uds_path: Path) -> Path:
+    """The key file beside a uds ingress socket: ``<uds_path minus .sock>.key`` (seed §5)."""
+    if uds_path.suffix == ".sock":
+        return uds_path.with_suffix(".key")
+    return uds_path.with_name(uds_path.name + ".key")
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) and make it mode 0700, owned by us.
 

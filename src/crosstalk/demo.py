@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from crosstalk.config import journal_path
 from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
 from crosstalk.core.naming import name_candidates
 from crosstalk.store.journal import Journal
@@ -50,10 +51,10 @@ def run_demo(*, keep: bool = False) -> int:
             _say("list", f"{d.name:<28} {d.harness:<7} {d.agent_id}  (token stays in "
                  f"{Path(d.credential_ref).name}, mode 0600)")
 
-        jpath = reg.home / "journal"
-        jpath.mkdir(mode=0o700, exist_ok=True)
+        jpath = journal_path(reg.home, b.agent_id)
+        jpath.parent.mkdir(mode=0o700, exist_ok=True)
         clock = [1_000_000.0]
-        journal = Journal(jpath / f"{b.agent_id}.jsonl", clock=lambda: clock[0])
+        journal = Journal(jpath, clock=lambda: clock[0])
         inform, ask = new_message_id(), new_message_id()
         for state in ("submitted", "dispatching", "accepted"):
             journal.append({"subject": "message", "id": inform, "state": state})

@@ -127,3 +127,18 @@ def test_a_file_where_the_state_dir_should_be_is_a_clear_error(tmp_path: Path) -
         ensure_private_dir(tmp_path / "state")
     with pytest.raises(StateDirError):
         ensure_private_dir(tmp_path / "state" / "sub")
+
+
+def test_journal_path_is_per_agent_under_the_state_dir() -> None:
+    from crosstalk.config import journal_path
+
+    assert journal_path(Path("/s"), "0123456789abcdef") == Path("/s/journal/0123456789abcdef.jsonl")
+
+
+def test_uds_key_path_replaces_the_sock_suffix() -> None:
+    from crosstalk.config import uds_key_path
+
+    assert uds_key_path(Path("/run/cc-socks/0123456789abcdef.sock")) == Path(
+        "/run/cc-socks/0123456789abcdef.key")
+    assert uds_key_path(Path("/run/a.b.sock")) == Path("/run/a.b.key")
+    assert uds_key_path(Path("/run/inbox")) == Path("/run/inbox.key")

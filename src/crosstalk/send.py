@@ -1,0 +1,322 @@
+"""``crosstalk send`` and ``crosstalk tail``: plain-script clients of an agent's state.
+
+``send`` is a shape (a) client of the uds ingress (seed §5): it resolves exactly one live
+registered agent, reads that agent's key file (it never creates one), writes the auth line and
+one user line carrying our metadata (``"crosstalk": {"message_id": <uuid7>}``), half-closes and
+reads the one ack line. The script is not a registered agent, so the receiver sees an
+unverified sender: an inform labelled unverified, never a wake. The message enters the one
+receiver chain; the CLI injects nothing itself.
+
+``tail`` prints an agent's journal records without locking or repairing the file.
+
+Exit codes (design §6): 0 accepted or queued, 1 the agent answered with another state, 2 usage,
+3 no such agent or an ambiguous name, 4 transport failure (no key, no socket, no ack, timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from crosstalk.config import journal_path, uds_key_path
+from crosstalk.core.ids import is_agent_id, new_message_id
+from crosstalk.store.journal import read_journal
+from crosstalk.store.registry import Descriptor, Registry
+
+EXIT_OK = 0
+EXIT_STATE = 1
+EXIT_USAGE = 2
+EXIT_NO_TARGET = 3
+EXIT_TRANSPORT = 4
+
+#: What Claude Code's inbox accepts in one line (characters, without the newline).
+MAX_LINE = 1_048_576
+_ACK_LIMIT = 64 * 1024
+_OK_STATES = frozenset({"accepted", "queued"})
+
+
+class SendFailure(Exception):
+    """``crosstalk send`` cannot deliver; ``exit_code`` says which kind of failure."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- resolving and reading the key --------------------------------------------------------------
+
+
+def resolve_target(home: Path, to: str) -> Descriptor:
+    """The one live registered agent named or identified by ``to``."""
+    if not (home / "agents").is_dir():
+        raise SendFailure(EXIT_NO_TARGET, f"no agent {to!r}: nothing is registered in {home}")
+    found = Registry(home).find(to)
+    if not found:
+        raise SendFailure(EXIT_NO_TARGET, f"no live agent named or identified by {to!r}")
+    if len(found) > 1:
+        rows = "\n".join(f"  {d.agent_id}  {d.name}  {d.harness}  {d.cwd}" for d in found)
+        raise SendFailure(EXIT_NO_TARGET,
+                          f"{to!r} is ambiguous; use one of these agent ids:\n{rows}")
+    return found[0]
+
+
+def read_key(key_path: Path) -> str:
+    """The token in an agent's key file; a missing or unreadable key is a transport failure."""
+    try:
+        raw = key_path.read_bytes()
+    except FileNotFoundError:
+        raise SendFailure(EXIT_TRANSPORT, f"key file {key_path} does not exist: the agent's "
+                          "uds ingress is not running (crosstalk send never creates one)") from None
+    except OSError as exc:
+        raise SendFailure(EXIT_TRANSPORT, f"cannot read key file {key_path}: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token:
+        raise SendFailure(EXIT_TRANSPORT, f"key file {key_path} holds no key")
+    return token
+
+
+# -- the wire -----------------------------------------------------------------------------------
+
+
+def frames(token: str, text: str, message_id: str) -> bytes:
+    """The two lines of a shape (a) send: auth, then one user line with our metadata."""
+    auth = json.dumps({"type": "auth", "token": token}, separators=(",", ":"))
+    user = json.dumps({"type": "user", "message": {"role": "user", "content": text},
+                       "crosstalk": {"message_id": message_id}},
+                      ensure_ascii=False, separators=(",", ":"))
+    if len(user) > MAX_LINE:
+        raise SendFailure(EXIT_USAGE, f"message too large: {len(user)} characters encoded, "
+                          f"the limit is {MAX_LINE}")
+    return f"{auth}\n{user}\n".encode()
+
+
+def exchange(uds_path: Path, payload: bytes, *, timeout: float) -> dict[str, Any]:
+    """Connect, write, half-close, read one ack line. Transport trouble is :class:`SendFailure`."""
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(os.fspath(uds_path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise SendFailure(EXIT_TRANSPORT, f"cannot connect to {uds_path}: "
+                              f"{exc.strerror or exc} (is the agent's shim running?)") from None
+        except OSError as exc:
+            raise SendFailure(EXIT_TRANSPORT, f"cannot connect to {uds_path}: {exc}") from None
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise SendFailure(EXIT_TRANSPORT, f"the connection to {uds_path} failed while "
+                              f"sending: {exc}") from None
+        data = _read_line(sock, deadline, uds_path)
+    finally:
+        sock.close()
+    try:
+        ack = json.loads(data)
+    except ValueError:
+        ack = None
+    if not isinstance(ack, dict) or ack.get("type") != "ack" or not isinstance(
+            ack.get("state"), str):
+        raise SendFailure(EXIT_TRANSPORT, f"{uds_path} answered with something that is not an "
+                          "ack")
+    return ack
+
+
+def _read_line(sock: socket.socket, deadline: float, uds_path: Path) -> bytes:
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SendFailure(EXIT_TRANSPORT, f"no ack from {uds_path} in time")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            raise SendFailure(EXIT_TRANSPORT, f"no ack from {uds_path} in time") from None
+        except OSError as exc:
+            raise SendFailure(EXIT_TRANSPORT, f"the connection to {uds_path} failed before an "
+                              f"ack: {exc}") from None
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > _ACK_LIMIT:
+            raise SendFailure(EXIT_TRANSPORT, f"{uds_path} sent an over-long answer")
+    if not buf.strip():
+        raise SendFailure(EXIT_TRANSPORT, f"{uds_path} closed without an ack (the agent did "
+                          "not accept the connection)")
+    return buf.split(b"\n", 1)[0]
+
+
+@dataclass(frozen=True)
+class Sent:
+    message_id: str
+    ack: dict[str, Any]
+
+    @property
+    def state(self) -> str:
+        return str(self.ack.get("state"))
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.state in _OK_STATES else EXIT_STATE
+
+
+def send(home: Path, to: str, text: str, *, timeout: float = 30.0,
+         message_id: str | None = None) -> Sent:
+    """Resolve, read the key, deliver one message through the agent's uds ingress."""
+    if not text:
+        raise SendFailure(EXIT_USAGE, "nothing to send: the text is empty")
+    target = resolve_target(home, to)
+    if not target.uds_path:
+        raise SendFailure(EXIT_TRANSPORT, f"agent {target.name} ({target.agent_id}) publishes "
+                          "no uds ingress")
+    uds_path = Path(target.uds_path)
+    token = read_key(uds_key_path(uds_path))
+    message_id = message_id or new_message_id()
+    ack = exchange(uds_path, frames(token, text, message_id), timeout=timeout)
+    return Sent(message_id, ack)
+
+
+def run_send(home: Path, to: str, text: str, *, as_json: bool = False, timeout: float = 30.0,
+             stdin: IO[str] | None = None, out: IO[str] | None = None,
+             err: IO[str] | None = None) -> int:
+    """The ``crosstalk send`` command: ``text`` ``-`` reads the message from stdin."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if text == "-":
+        text = (stdin or sys.stdin).read().removesuffix("\n")
+    try:
+        sent = send(home, to, text, timeout=timeout)
+    except SendFailure as exc:
+        print(f"crosstalk send: {exc}", file=err)
+        return exc.exit_code
+    if as_json:
+        print(json.dumps(sent.ack, separators=(",", ":")), file=out)
+    else:
+        mid = sent.ack.get("message_id") or sent.message_id
+        print(f"{mid} {sent.state} {sent.ack.get('reason') or '-'}", file=out)
+    return sent.exit_code
+
+
+# -- tail ---------------------------------------------------------------------------------------
+
+
+def journal_files(home: Path, agent: str | None) -> list[Path]:
+    """The journals to show: every one, or one agent's (by live name, or by agent_id even
+    after the agent is gone, since journals outlive registrations)."""
+    if agent is None:
+        return sorted((home / "journal").glob("*.jsonl"))
+    if is_agent_id(agent) and journal_path(home, agent).exists():
+        return [journal_path(home, agent)]
+    return [journal_path(home, resolve_target(home, agent).agent_id)]
+
+
+def _text_of(value: object, width: int = 80) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_record(rec: Mapping[str, Any], senders: dict[str, str]) -> str:
+    """One readable line: time, seq, subject, id, state, reason, sender, start of the text."""
+    ts = rec.get("ts")
+    when = (datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+            if isinstance(ts, int | float) else "-")
+    rid = str(rec.get("id") or "-")
+    sender = rec.get("sender")
+    if isinstance(sender, dict):
+        label = sender.get("name") or sender.get("agent_id") or "unverified"
+        senders[rid] = str(label)
+    elif isinstance(sender, str):
+        senders.setdefault(rid, sender)
+    fields = [when, f"#{rec.get('seq', '-')}", str(rec.get("subject") or rec.get("type") or "-"),
+              rid, str(rec.get("state") or "-"), str(rec.get("reason") or "-"),
+              senders.get(rid, "-")]
+    line = " ".join(fields)
+    if rec.get("text") is not None:
+        line += f"  {_text_of(rec['text'])!s}"
+    return line
+
+
+class _Tail:
+    """Tracks what has been printed per journal, by seq (which survives retention rewrites)."""
+
+    def __init__(self, out: IO[str], err: IO[str], *, as_json: bool, prefix: bool) -> None:
+        self.out, self.err = out, err
+        self.as_json, self.prefix = as_json, prefix
+        self.seen: dict[Path, tuple[int, tuple[int, int, int]]] = {}
+        self.senders: dict[Path, dict[str, str]] = {}
+        self.damage_reported: dict[Path, int] = {}
+
+    def poll(self, paths: Iterable[Path]) -> None:
+        for path in paths:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            last_seq, last_stamp = self.seen.get(path, (0, (-1, -1, -1)))
+            if stamp == last_stamp:
+                continue
+            replay = read_journal(path)
+            damaged = [d for d in replay.damage if d.reason != "torn_tail"]
+            if len(damaged) > self.damage_reported.get(path, 0):
+                self.damage_reported[path] = len(damaged)
+                print(f"crosstalk tail: {path}: {len(damaged)} damaged line(s) skipped",
+                      file=self.err)
+            senders = self.senders.setdefault(path, {})
+            for rec in replay.records:
+                seq = rec.get("seq")
+                if not isinstance(seq, int) or seq <= last_seq:
+                    continue
+                last_seq = seq
+                self._print(path, rec, senders)
+            self.seen[path] = (last_seq, stamp)
+        self.out.flush()
+
+    def _print(self, path: Path, rec: Mapping[str, Any], senders: dict[str, str]) -> None:
+        if self.as_json:
+            line = json.dumps(rec, ensure_ascii=False, separators=(",", ":"))
+        else:
+            line = format_record(rec, senders)
+            if self.prefix:
+                line = f"{path.stem} {line}"
+        print(line, file=self.out)
+
+
+def run_tail(home: Path, agent: str | None, *, follow: bool = False, as_json: bool = False,
+             interval: float = 0.5, out: IO[str] | None = None,
+             err: IO[str] | None = None) -> int:
+    """The ``crosstalk tail`` command."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        paths = journal_files(home, agent)
+    except SendFailure as exc:
+        print(f"crosstalk tail: {exc}", file=err)
+        return exc.exit_code
+    if agent is not None and not follow and not paths[0].exists():
+        print(f"crosstalk tail: {paths[0]} does not exist yet", file=err)
+        return EXIT_OK
+    tail = _Tail(out, err, as_json=as_json, prefix=agent is None)
+    tail.poll(paths)
+    if not follow:
+        return EXIT_OK
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(interval)
+            tail.poll(journal_files(home, None) if agent is None else paths)
+    return EXIT_OK
