@@ -20,6 +20,7 @@ import pytest
 
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Kind
+from crosstalk.harness.fake import Step
 from crosstalk.ingress.uds import IngressError, UdsIngress
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Registry
@@ -523,6 +524,7 @@ async def test_shape_b_from_a_registered_process_is_a_verified_sender(
         assert got.error is None
         assert got.reply == b""  # never a byte back on shape (b)
         assert got.secs < PROMPT_EOF  # EOF promptly: Claude's sender fails after 5 s
+        await node.ingress.settle()  # EOF comes once the frame is durable; injection follows
         [written] = node.harness.writes
         assert written.text == "hello from a child"
         msg = written.delivery.message
@@ -665,4 +667,24 @@ async def test_shape_b_from_this_process_when_it_is_registered(node: Node,
         raw, secs = await exchange(node.path, user("registered"))
         assert raw == b""
         assert secs < PROMPT_EOF
+        await node.ingress.settle()
         assert node.harness.texts() == ["registered"]
+
+
+async def test_shape_b_closes_before_a_slow_injection_finishes(node: Node,
+                                                               sockdir: Path) -> None:
+    """EOF once the frame is journaled: a slow harness must not hold Claude's sender open."""
+    gate = asyncio.Event()
+    node.harness.then(Step(gate=gate))
+    async with serving(node):
+        node.registrations.append(register(Registry(node.home), "me", "me-agent",
+                                           uds_path=sockdir / "me.sock"))
+        raw, secs = await exchange(node.path, user("slow"))
+        assert raw == b""
+        assert secs < PROMPT_EOF
+        [mid] = {r["id"] for r in node.records() if r.get("state") == "submitted"}
+        assert node.harness.writes == []  # still parked at the gate, socket already closed
+        gate.set()
+        await node.ingress.settle()
+        assert node.harness.texts() == ["slow"]
+        assert node.states(mid) == ["submitted", "dispatching", "accepted"]

@@ -54,7 +54,7 @@ from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, uds_key_path
 from crosstalk.core.envelope import parse_claude
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Kind, Message, Sender
-from crosstalk.receiver import Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
 from crosstalk.store.files import unlink_durable, write_atomic
 from crosstalk.store.registry import Descriptor, Registry
 
@@ -273,6 +273,8 @@ class UdsIngress:
         self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[Any], _Conn] = {}
+        #: Dispatches of native frames whose sockets were already closed (see _shape_b).
+        self._dispatches: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -340,8 +342,23 @@ class UdsIngress:
                 quiet += 1
                 await asyncio.sleep(0)
         await server.wait_closed()
+        await self._drain_dispatches()
         self._remove_files()
         log.debug("uds ingress on %s stopped", self.path)
+
+    async def settle(self) -> None:
+        """Wait until every native frame already admitted has been dispatched."""
+        while self._dispatches:
+            await asyncio.gather(*list(self._dispatches), return_exceptions=True)
+
+    async def _drain_dispatches(self) -> None:
+        if not self._dispatches:
+            return
+        tasks = list(self._dispatches)
+        _, pending = await asyncio.wait(tasks, timeout=self.close_grace)
+        for task in pending:
+            task.cancel()  # journaled unknown by the receiver; never resent
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _drain_connections(self) -> None:
         tasks = list(self._conns)
@@ -471,10 +488,29 @@ class UdsIngress:
         if frame.kind is None:
             log.info("uds ingress %s: frame asked for a kind outside the protocol", self.path)
             return
+        msg = self._message(frame, _verified(desc, peer))
         try:
-            await self._receive(self._message(frame, _verified(desc, peer)), conn)
+            admitted = self.receiver.admit(msg)
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
+            return
+        if isinstance(admitted, Entry):
+            # The message is durable (journaled submitted), so EOF may go now: Claude's sender
+            # reports a failure if the socket stays open 5 s, and its model would then resend
+            # a frame that dedupe cannot catch. Injection runs in a task the ingress owns.
+            task = asyncio.get_running_loop().create_task(self._dispatch(admitted))
+            self._dispatches.add(task)
+            task.add_done_callback(self._dispatches.discard)
+
+    async def _dispatch(self, entry: Entry) -> None:
+        try:
+            await self.receiver.dispatch(entry)
+        except ReceiverUnavailable as exc:
+            log.warning("uds ingress %s: %s", self.path, exc)
+        except asyncio.CancelledError:
+            log.debug("uds ingress %s: dispatch cancelled by stop", self.path)
+        except Exception:
+            log.exception("uds ingress %s: dispatch failed", self.path)
 
     async def _receive(self, msg: Message, conn: _Conn) -> Result:
         conn.receiving = True
