@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 #: The largest journal line (record plus framing) a reader accepts. The writer refuses anything
@@ -52,6 +53,40 @@ def uds_key_path(uds_path: Path) -> Path:
     if uds_path.suffix == ".sock":
         return uds_path.with_suffix(".key")
     return uds_path.with_name(uds_path.name + ".key")
+
+
+#: Claude Code refuses socket paths longer than this (sun_path with room to spare).
+MAX_SOCKET_PATH = 103
+
+
+def claude_socket_dir(env: dict[str, str] | None = None) -> Path:
+    """The directory Claude Code binds its inboxes in: ``<runtime dir>/cc-socks``.
+
+    Claude uses ``$XDG_RUNTIME_DIR``, else ``$CLAUDE_CODE_TMPDIR``, else the OS temp dir.
+    """
+    env = dict(os.environ) if env is None else env
+    base = env.get("XDG_RUNTIME_DIR") or env.get("CLAUDE_CODE_TMPDIR") or tempfile.gettempdir()
+    return Path(base) / "cc-socks"
+
+
+def uds_path_for(home: Path, agent_id: str, env: dict[str, str] | None = None) -> Path:
+    """Where an agent's uds ingress lives: ``<cc-socks>/<agent_id>.sock`` when usable.
+
+    Beside Claude's own sockets, the address vets for Claude's receipts and native replies (a
+    basename of 1-16 hex digits in a default cc-socks directory, design doc §4.4). The path
+    depends only on agent_id, so a reply address survives a shim restart (seed CQ7). If that
+    directory cannot be made private to us, or the path is too long, the state directory's
+    ``sock/`` is used instead.
+    """
+    preferred = claude_socket_dir(env) / f"{agent_id}.sock"
+    if len(os.fsencode(preferred)) <= MAX_SOCKET_PATH:
+        try:
+            ensure_private_dir(preferred.parent)
+        except (OSError, StateDirError):
+            pass
+        else:
+            return preferred
+    return ensure_private_dir(home / "sock") / f"{agent_id}.sock"
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -1,0 +1,333 @@
+"""Sending to a peer agent's A2A endpoint, on the official a2a-sdk client.
+
+What a shim calls to deliver ``send_message`` / ``ask`` / ``reply`` to a peer: resolve the
+peer's Agent Card, create the SDK client (``ClientFactory``, JSON-RPC, no streaming) with the
+sender's **own** bearer token through the SDK's ``AuthInterceptor``, send one message, and
+map whatever happened onto the send states of seed §8:
+
+===========================================  ===============================================
+what happened                                state
+===========================================  ===============================================
+a task came back                             its ``crosstalk.state`` (accepted, queued, ...)
+a JSON-RPC error (policy, admission, cap)    ``rejected`` with the server's reason
+HTTP 401/403                                 ``rejected`` (``unauthorized``)
+nothing could be sent (refused, no card)     ``unreachable``
+timeout or broken transport after sending    ``unknown`` (never resent by us)
+===========================================  ===============================================
+
+The token goes only to the JSON-RPC interface the card names, and only if that interface is
+on the same origin as the URL we were given: a card cannot redirect our credential elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from a2a.client import (
+    A2ACardResolver,
+    A2AClientError,
+    A2AClientTimeoutError,
+    AgentCardResolutionError,
+    AuthInterceptor,
+    Client,
+    ClientCallContext,
+    ClientConfig,
+    ClientFactory,
+    InMemoryContextCredentialStore,
+)
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InternalError
+from google.protobuf.json_format import MessageToDict
+
+from crosstalk.a2a import wire
+from crosstalk.core.ids import new_message_id
+
+DEFAULT_TIMEOUT = 30.0
+#: An ask sent with the default wait blocks until it is answered; without a deadline the
+#: server gives up after its own cap (15 min by default), so wait a little longer than that.
+ASK_WITHOUT_DEADLINE_TIMEOUT = 960.0
+_CONNECT_TIMEOUT = 5.0
+
+_TASK_STATES = {
+    pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_WORKING: "working",
+    pb.TASK_STATE_INPUT_REQUIRED: "input_required", pb.TASK_STATE_COMPLETED: "completed",
+    pb.TASK_STATE_FAILED: "failed", pb.TASK_STATE_CANCELED: "canceled",
+    pb.TASK_STATE_REJECTED: "rejected", pb.TASK_STATE_AUTH_REQUIRED: "auth_required",
+}
+#: What a task state means for delivery when the peer says nothing CrossTalk-specific.
+_PLAIN_TASK_STATE = {
+    "submitted": "submitted", "working": "unknown", "input_required": "accepted",
+    "completed": "accepted", "failed": "unreachable", "canceled": "canceled",
+    "rejected": "rejected", "auth_required": "rejected",
+}
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """The outcome of one send, in CrossTalk's terms (and the task behind it, if any)."""
+
+    message_id: str
+    #: accepted | queued | rejected | unreachable | unknown (send states, seed §8); also
+    #: submitted/dispatching while the peer has not dispatched yet, and canceled.
+    state: str
+    reason: str | None = None
+    task_id: str | None = None
+    #: The A2A task state (submitted, working, completed, failed, canceled, rejected).
+    task_state: str | None = None
+    #: The answer of an ask, once the peer's session replied.
+    reply: str | None = None
+    #: ``delivered`` / ``answered`` when the task completed.
+    completion: str | None = None
+
+
+class _Refused(Exception):
+    def __init__(self, state: str, reason: str) -> None:
+        super().__init__(reason)
+        self.state, self.reason = state, reason
+
+
+async def send(url: str, token: str, text: str, *, kind: str = "inform",
+               delivery: str = "immediate", deadline_seconds: int = 0,
+               message_id: str | None = None, in_reply_to: str | None = None,
+               context_id: str | None = None, task_id: str | None = None,
+               hop_chain: list[str] | None = None, return_immediately: bool = False,
+               until_delivered: bool = False, timeout: float | None = None,
+               expect_name: str | None = None,
+               httpx_client: httpx.AsyncClient | None = None) -> SendResult:
+    """Send one message to the agent at ``url`` as the agent whose bearer ``token`` this is.
+
+    ``message_id`` defaults to a fresh UUIDv7; pass the same one to retry (the peer dedupes on
+    (sender, message_id) and answers with the prior state). ``task_id`` continues a task.
+
+    Waiting: by default the call waits for the peer's terminal answer (an ask: until it is
+    answered or expires). ``return_immediately`` returns at once (state ``submitted``);
+    ``until_delivered`` returns once the delivery outcome is known, without waiting for an
+    ask's answer (what the ``ask`` tool wants). ``expect_name`` refuses a peer whose card
+    names someone else (a port reused by another agent).
+    """
+    mid = message_id or new_message_id()
+    if timeout is None:
+        timeout = _default_timeout(kind, deadline_seconds,
+                                   waits=not (return_immediately or until_delivered))
+    message = pb.Message(message_id=mid, role=pb.ROLE_USER, parts=[pb.Part(text=text)],
+                         context_id=context_id or "", task_id=task_id or "")
+    meta = wire.encode_request_metadata(kind=kind, delivery=delivery,
+                                        deadline_seconds=deadline_seconds,
+                                        in_reply_to=in_reply_to, hop_chain=hop_chain)
+    if meta:
+        message.metadata.update(meta)
+    request = pb.SendMessageRequest(
+        message=message,
+        configuration=pb.SendMessageConfiguration(
+            return_immediately=return_immediately or until_delivered))
+    started = time.monotonic()
+    sent = False
+    try:
+        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client,
+                            expect_name=expect_name) as (client, ctx):
+            sent = True
+            task: pb.Task | None = None
+            async for event in client.send_message(request, context=ctx):
+                if event.HasField("task"):
+                    task = event.task
+                elif event.HasField("message"):
+                    return SendResult(mid, "accepted", "peer_answered_with_message")
+            if task is None:
+                return SendResult(mid, "unknown", "no_task_in_response")
+            if until_delivered:
+                task = await _poll_delivery(client, ctx, task,
+                                            timeout - (time.monotonic() - started))
+                if _pending(task):
+                    return SendResult(mid, "unknown", "delivery_pending", task.id,
+                                      _TASK_STATES.get(task.status.state, "unknown"))
+            return result_from_task(task, mid)
+    except _Refused as exc:
+        return SendResult(mid, exc.state, exc.reason)
+    except (A2AError, httpx.HTTPError) as exc:
+        state, reason = classify_error(exc, sent=sent)
+        return SendResult(mid, state, reason)
+
+
+async def get_task(url: str, token: str, task_id: str, *, timeout: float = DEFAULT_TIMEOUT,
+                   history_length: int | None = None,
+                   httpx_client: httpx.AsyncClient | None = None) -> SendResult:
+    """The current state of a task this sender created (``rejected``/task_not_found else)."""
+    try:
+        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client) as (
+                client, ctx):
+            req = pb.GetTaskRequest(id=task_id)
+            if history_length is not None:
+                req.history_length = history_length
+            task = await client.get_task(req, context=ctx)
+            return result_from_task(task, None)
+    except _Refused as exc:
+        return SendResult("", exc.state, exc.reason, task_id)
+    except (A2AError, httpx.HTTPError) as exc:
+        state, reason = classify_error(exc, sent=True)
+        return SendResult("", state, reason, task_id)
+
+
+async def cancel_task(url: str, token: str, task_id: str, *,
+                      timeout: float = DEFAULT_TIMEOUT,
+                      httpx_client: httpx.AsyncClient | None = None) -> SendResult:
+    """Cancel a task that no dispatch has claimed yet; else ``rejected``/task_not_cancelable."""
+    try:
+        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client) as (
+                client, ctx):
+            task = await client.cancel_task(pb.CancelTaskRequest(id=task_id), context=ctx)
+            return result_from_task(task, None)
+    except _Refused as exc:
+        return SendResult("", exc.state, exc.reason, task_id)
+    except (A2AError, httpx.HTTPError) as exc:
+        state, reason = classify_error(exc, sent=True)
+        return SendResult("", state, reason, task_id)
+
+
+def _default_timeout(kind: str, deadline_seconds: int, *, waits: bool) -> float:
+    if kind == "ask" and waits:
+        return (deadline_seconds + DEFAULT_TIMEOUT if deadline_seconds
+                else ASK_WITHOUT_DEADLINE_TIMEOUT)
+    return DEFAULT_TIMEOUT
+
+
+def result_from_task(task: pb.Task, message_id: str | None) -> SendResult:
+    """Read a task the CrossTalk way (``crosstalk.*`` metadata), or plainly for other peers."""
+    meta = MessageToDict(task.metadata) if task.HasField("metadata") else {}
+    task_state = _TASK_STATES.get(task.status.state, "unknown")
+    state = meta.get(wire.STATE)
+    if not isinstance(state, str):
+        state = _PLAIN_TASK_STATE.get(task_state, "unknown")
+    reason = meta.get(wire.REASON)
+    completion = meta.get(wire.COMPLETION)
+    reply = None
+    if completion == wire.COMPLETION_ANSWERED and task.status.HasField("message"):
+        reply = "\n".join(p.text for p in task.status.message.parts
+                          if p.WhichOneof("content") == "text")
+    mid = meta.get(wire.MESSAGE_ID)
+    return SendResult(
+        message_id=message_id or (mid if isinstance(mid, str) else ""),
+        state=state, reason=reason if isinstance(reason, str) else None, task_id=task.id,
+        task_state=task_state, reply=reply,
+        completion=completion if isinstance(completion, str) else None)
+
+
+def classify_error(exc: BaseException, *, sent: bool) -> tuple[str, str]:
+    """(state, reason) for a failed call; ``sent`` = the request may have left this process."""
+    if isinstance(exc, AgentCardResolutionError):
+        if exc.status_code in (401, 403):
+            return "rejected", "unauthorized"
+        return "unreachable", _card_reason(exc)
+    if isinstance(exc, A2AClientTimeoutError):
+        return ("unknown", "timeout") if sent else ("unreachable", "timeout")
+    if isinstance(exc, A2AClientError):
+        return _transport_error(exc.__cause__, sent=sent)
+    if isinstance(exc, httpx.HTTPError):
+        return _transport_error(exc, sent=sent)
+    if isinstance(exc, InternalError):
+        # The peer failed while handling it: accepted or not, nobody can say.
+        return "unknown", _reason_of(exc)
+    if isinstance(exc, A2AError):
+        return "rejected", _reason_of(exc)
+    return "unknown", type(exc).__name__
+
+
+def _reason_of(exc: A2AError) -> str:
+    data = exc.data if isinstance(exc.data, dict) else {}
+    reason = data.get(wire.ERROR_REASON)
+    if isinstance(reason, str) and reason:
+        return reason
+    return A2A_ERROR_REASONS.get(type(exc), type(exc).__name__).lower()
+
+
+def _card_reason(exc: AgentCardResolutionError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, httpx.HTTPError):
+        _, reason = _transport_error(cause, sent=False)
+        return reason
+    if exc.status_code is not None:
+        return f"agent_card_http_{exc.status_code}"
+    return "bad_agent_card"
+
+
+def _transport_error(cause: BaseException | None, *, sent: bool) -> tuple[str, str]:
+    if isinstance(cause, httpx.HTTPStatusError):
+        code = cause.response.status_code
+        if code in (401, 403):
+            return "rejected", "unauthorized"
+        if code in (404, 405, 421):
+            return "unreachable", f"http_{code}"
+        if code >= 500:
+            return "unknown", f"http_{code}"
+        return "rejected", f"http_{code}"
+    if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return "unreachable", "connect_failed"
+    if isinstance(cause, httpx.TimeoutException):
+        return ("unknown", "timeout") if sent else ("unreachable", "timeout")
+    if isinstance(cause, httpx.RequestError):
+        return ("unknown", "transport_error") if sent else ("unreachable", "transport_error")
+    return ("unknown", "invalid_response") if sent else ("unreachable", "invalid_response")
+
+
+@asynccontextmanager
+async def _connect(url: str, token: str, *, timeout: float,
+                   httpx_client: httpx.AsyncClient | None = None,
+                   expect_name: str | None = None) -> AsyncIterator[tuple[Client,
+                                                                           ClientCallContext]]:
+    """Resolve the card and build the SDK client that presents ``token`` as a bearer."""
+    own = httpx_client is None
+    http = httpx_client or httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)))
+    try:
+        card = await A2ACardResolver(http, url).get_agent_card(
+            http_kwargs={"timeout": min(timeout, _CONNECT_TIMEOUT * 2)})
+        if expect_name is not None and card.name != expect_name:
+            raise _Refused("unreachable", "peer_changed")
+        interfaces = [i for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"]
+        if not interfaces or not all(_same_origin(i.url, url) for i in interfaces):
+            raise _Refused("unreachable", "card_url_mismatch")
+        session = uuid.uuid4().hex
+        store = InMemoryContextCredentialStore()
+        for scheme_name, scheme in card.security_schemes.items():
+            if scheme.HasField("http_auth_security_scheme") and (
+                    scheme.http_auth_security_scheme.scheme.lower() == "bearer"):
+                await store.set_credentials(session, scheme_name, token)
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(
+            card, interceptors=[AuthInterceptor(store)])
+        try:
+            yield client, ClientCallContext(state={"sessionId": session}, timeout=timeout)
+        finally:
+            await client.close()
+    finally:
+        if own:
+            await http.aclose()
+
+
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb_ = urlsplit(a), urlsplit(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb_.scheme, pb_.hostname, pb_.port)
+
+
+async def _poll_delivery(client: Client, ctx: ClientCallContext, task: pb.Task,
+                         budget: float) -> pb.Task:
+    """GetTask until the message's delivery outcome is known (or the budget is spent)."""
+    deadline = time.monotonic() + max(0.0, budget)
+    delay = 0.02
+    while _pending(task) and time.monotonic() < deadline:
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.25)
+        task = await client.get_task(pb.GetTaskRequest(id=task.id, history_length=0),
+                                     context=ctx)
+    return task
+
+
+def _pending(task: pb.Task) -> bool:
+    meta: dict[str, Any] = MessageToDict(task.metadata) if task.HasField("metadata") else {}
+    return meta.get(wire.STATE) in ("submitted", "dispatching")

@@ -1,0 +1,151 @@
+"""Two agents composed from the real parts: registry, journal, receiver, uds ingress, A2A."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from crosstalk.agent import Agent, AgentSpec
+from crosstalk.core.states import AskState
+from crosstalk.harness.fake import FakeHarness
+from crosstalk.store.journal import read_journal
+from crosstalk.store.registry import AgentBusy, Registry
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    return {"XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")}
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[tuple[Agent, Agent]]:
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w/proj", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w/proj", "bob"), env=env)
+    await a.start()
+    await b.start()
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+def harness_of(agent: Agent) -> FakeHarness:
+    h = agent.spec.harness
+    assert isinstance(h, FakeHarness)
+    return h
+
+
+async def test_publish_order_and_descriptor(pair: tuple[Agent, Agent],
+                                            env: dict[str, str]) -> None:
+    a, _ = pair
+    live = {d.name: d for d in a.registry.live()}
+    assert set(live) == {"alice", "bob"}
+    d = live["alice"]
+    assert d.a2a_url is not None
+    assert d.a2a_url.startswith("http://127.0.0.1:")
+    assert d.uds_path == f"{env['XDG_RUNTIME_DIR']}/cc-socks/{a.agent_id}.sock"
+    assert Path(d.uds_path).exists()
+    assert a.token not in d.to_json().decode()
+
+
+async def test_a2a_send_reaches_the_other_session_once(pair: tuple[Agent, Agent]) -> None:
+    a, b = pair
+    result = await a.send("bob", "hello bob")
+    assert result.state == "accepted"
+    assert harness_of(b).texts() == ["hello bob"]
+    sender = harness_of(b).writes[0].delivery.message.sender
+    assert (sender.agent_id, sender.name) == (a.agent_id, "alice")
+    again = await a.send("bob", "hello bob", message_id=result.message_id)
+    assert again.state == "accepted"
+    assert harness_of(b).texts() == ["hello bob"]
+
+
+async def test_ask_then_answer_over_a2a(pair: tuple[Agent, Agent]) -> None:
+    a, b = pair
+    sent = await a.send("bob", "which test is flaky?", kind="ask", until_delivered=True)
+    assert sent.state == "accepted"
+    assert b.receiver is not None
+    b.receiver.close_ask(sent.message_id, AskState.ANSWERED, "test_retry")
+    assert a.registry.find("bob")[0].a2a_url is not None
+    final = await a.send("bob", "which test is flaky?", kind="ask",
+                         message_id=sent.message_id)
+    assert final.reply == "test_retry"
+    assert harness_of(b).texts() == ["which test is flaky?"]
+
+
+async def test_cli_send_over_the_uds_ingress(pair: tuple[Agent, Agent], tmp_path: Path) -> None:
+    _, b = pair
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crosstalk", "send", "--json", "bob", "from a script",
+        env={**os.environ, "CROSSTALK_HOME": str(tmp_path / "state")},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["state"] == "accepted"
+    assert harness_of(b).texts() == ["from a script"]
+    assert not harness_of(b).writes[0].delivery.message.sender.verified
+
+
+async def test_restart_resumes_the_journal_and_dedupe(tmp_path: Path,
+                                                      env: dict[str, str]) -> None:
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
+    await a.start()
+    await b.start()
+    try:
+        first = await a.send("bob", "before restart")
+        assert first.state == "accepted"
+        old_uds = b.descriptor.uds_path if b.descriptor else None
+        await b.stop()
+        b2 = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
+        await b2.start()
+        try:
+            assert b2.name == "bob"
+            assert b2.descriptor is not None
+            assert b2.descriptor.uds_path == old_uds  # reply addresses survive restarts
+            retry = await a.send("bob", "before restart", message_id=first.message_id)
+            assert retry.state == "accepted"
+            assert harness_of(b2).writes == []  # the prior state, zero injections
+            jpath = reg.home / "journal" / f"{b2.agent_id}.jsonl"
+            states = [r["state"] for r in read_journal(jpath).records
+                      if r.get("id") == first.message_id and r.get("subject") == "message"]
+            assert states == ["submitted", "dispatching", "accepted"]
+        finally:
+            await b2.stop()
+    finally:
+        await a.stop()
+
+
+async def test_second_start_of_one_session_is_refused(tmp_path: Path,
+                                                      env: dict[str, str]) -> None:
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "same", "/w", "x"), env=env)
+    await a.start()
+    try:
+        twin = Agent(reg, AgentSpec(FakeHarness(name="fake"), "same", "/w", "x"), env=env)
+        with pytest.raises(AgentBusy):
+            await twin.start()
+        assert [d.agent_id for d in reg.live()] == [a.agent_id]
+    finally:
+        await a.stop()
+    assert reg.live() == []
+    assert a.descriptor is not None
+    assert a.descriptor.uds_path is not None
+    assert not Path(a.descriptor.uds_path).exists()
