@@ -122,7 +122,7 @@ async def main(n: int, burst: int) -> None:
                 assert res.state == "accepted", res
                 lat.append(sink.arrived[text] - t)
             summary("a2a_send_to_inject", lat, baseline="baseline_raw_uds_write_fsync",
-                    note="each send resolves the card and opens a client, as a shim does")
+                    note="each send fetches the card; the HTTP connection is reused")
 
             t = time.perf_counter()
             sem = asyncio.Semaphore(16)

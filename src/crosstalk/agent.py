@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
+
 from crosstalk import proc
 from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
@@ -70,6 +72,7 @@ class Agent:
         self.uds: UdsIngress | None = None
         self.a2a: A2AServer | None = None
         self.descriptor: Descriptor | None = None
+        self._http: httpx.AsyncClient | None = None
 
     @property
     def name(self) -> str:
@@ -146,6 +149,9 @@ class Agent:
             with contextlib.suppress(Exception):
                 await self.uds.stop()
             self.uds = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
         if self.journal is not None:
             self.journal.close()
             self.journal = None
@@ -164,8 +170,11 @@ class Agent:
         if target.a2a_url is None:
             return a2a_client.SendResult(message_id="", state="unreachable",
                                          reason="no_a2a_listener")
+        if self._http is None:
+            self._http = a2a_client.new_http_client()
         return await a2a_client.send(
             target.a2a_url, self.token, text, kind=kind, delivery=delivery,
+            httpx_client=self._http,
             deadline_seconds=deadline_seconds, message_id=message_id, in_reply_to=in_reply_to,
             return_immediately=return_immediately, until_delivered=until_delivered,
             expect_name=target.name)

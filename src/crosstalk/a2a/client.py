@@ -22,6 +22,9 @@ on the same origin as the URL we were given: a card cannot redirect our credenti
 from __future__ import annotations
 
 import asyncio
+import functools
+import socket
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -276,6 +279,26 @@ def _transport_error(cause: BaseException | None, *, sent: bool) -> tuple[str, s
     return ("unknown", "invalid_response") if sent else ("unreachable", "invalid_response")
 
 
+_NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Building a default context loads the CA bundle (~30 ms); do it once per process.
+    return ssl.create_default_context()
+
+
+def new_transport() -> httpx.AsyncHTTPTransport:
+    """An HTTP transport for peers: Nagle off, and the TLS context built once."""
+    return httpx.AsyncHTTPTransport(socket_options=_NODELAY, verify=_tls_context())
+
+
+def new_http_client(timeout: float = 30.0) -> httpx.AsyncClient:
+    """A client to keep for many sends (connection reuse: ~5 ms a send instead of ~35)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=_CONNECT_TIMEOUT),
+                             transport=new_transport())
+
+
 @asynccontextmanager
 async def _connect(url: str, token: str, *, timeout: float,
                    httpx_client: httpx.AsyncClient | None = None,
@@ -284,7 +307,10 @@ async def _connect(url: str, token: str, *, timeout: float,
     """Resolve the card and build the SDK client that presents ``token`` as a bearer."""
     own = httpx_client is None
     http = httpx_client or httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)))
+        timeout=httpx.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
+        # Nagle off: a POST goes out as headers then body, and with Nagle the body waits for
+        # the server's delayed ACK (~40 ms per request on loopback, measured).
+        transport=new_transport())
     try:
         card = await A2ACardResolver(http, url).get_agent_card(
             http_kwargs={"timeout": min(timeout, _CONNECT_TIMEOUT * 2)})
