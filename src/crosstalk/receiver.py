@@ -24,6 +24,7 @@ Rules this module enforces, and why:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 
 M = MessageState
+log = logging.getLogger(__name__)
 
 
 class ReceiverUnavailable(Exception):
@@ -379,8 +381,14 @@ class Receiver:
         self._after_outcome(entry)
 
     def _notify(self, entry: Entry) -> None:
+        # A listener (the A2A task store, a mailbox view) reacts to a state already journaled;
+        # its failure must not break the chain, e.g. strand a message in ``dispatching``.
         for listener in list(self.listeners):
-            listener(entry)
+            try:
+                listener(entry)
+            except Exception:
+                log.exception("receiver %s: listener failed on %s", self.agent_id,
+                              entry.message_id)
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -404,12 +412,18 @@ class Receiver:
             elif entry.state is M.SUBMITTED:
                 self._settle_submitted(entry, here, resumable)
             if entry.ask is AskState.OPEN:
-                self.admission.open_asks.add(entry.message_id)
+                if here:
+                    self.admission.open_asks.add(entry.message_id)
+                else:
+                    # Its conversation is gone: no reply can come from this one, and an open
+                    # ask kept forever would hold an admission slot and its records for good.
+                    self.close_ask(entry.message_id, AskState.CLOSED)
         return resumable
 
     def _settle_submitted(self, entry: Entry, here: bool, resumable: list[Entry]) -> None:
         msg = entry.message
-        if entry.ingress == Ingress.UDS.value:
+        if entry.ingress in (Ingress.UDS.value, Ingress.LOCAL.value):
+            # uds and the shim's own notices have no task record to resume from: re-check.
             entry.message = None
             if msg is None or self.check(msg) is not None:
                 self._transition(entry, M.REJECTED, "failed_recheck_after_restart",

@@ -1284,3 +1284,48 @@ def test_outcome_rejects_non_outcome_states() -> None:
     for state in set(M) - OUTCOME_STATES:
         with pytest.raises(ValueError, match="cannot end"):
             Outcome(state)
+
+
+# -- hardening after review ------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_failing_listener_does_not_strand_a_message(rig: Rig) -> None:
+    def broken(_: Entry) -> None:
+        raise RuntimeError("listener bug")
+
+    rig.receiver.listeners.append(broken)
+    result = await rig.receiver.receive(msg("m-listener"))
+    assert result.state is M.ACCEPTED
+    assert rig.states("m-listener") == ["submitted", "dispatching", "accepted"]
+    assert rig.written("m-listener") == 1
+
+
+@pytest.mark.anyio
+async def test_open_ask_of_another_conversation_is_closed_on_restore(rig: Rig) -> None:
+    limits = Limits(max_open_asks=1)
+    rig.limits = limits
+    rig.restart(limits=limits)
+    sent = await rig.receiver.receive(msg("m-ask", kind=Kind.ASK, text="q?"))
+    assert sent.state is M.ACCEPTED
+    other = replace(BINDING, session_ref="a-new-conversation")
+    rig.restart(binding=other)
+    assert [r["state"] for r in rig.records("m-ask", "ask")] == ["open", "closed"]
+    assert rig.receiver.admission.open_asks == set()
+    # The slot is free again for asks in the new conversation.
+    again = await rig.receiver.receive(msg("m-ask-2", kind=Kind.ASK, text="q2?"))
+    assert again.state is M.ACCEPTED
+    # In the same conversation an open ask survives a restart and keeps its slot.
+    rig.restart(binding=other)
+    assert rig.receiver.admission.open_asks == {"m-ask-2"}
+
+
+@pytest.mark.anyio
+async def test_local_notice_submitted_at_a_crash_is_rechecked_not_resumed(rig: Rig) -> None:
+    local = Sender(None, ingress=Ingress.LOCAL)
+    entry = rig.receiver.admit(msg("m-local", sender=local, text="claimed by alice"))
+    assert isinstance(entry, Entry)
+    resumable = rig.restart()
+    assert resumable == []
+    assert rig.states("m-local") == ["submitted", "recovered"]
+    assert rig.written() == 0
