@@ -10,9 +10,11 @@ reverse and removes only what this instance wrote.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -21,13 +23,14 @@ from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
-from crosstalk.core.ids import agent_id_for, new_instance_id
+from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import ClaimState, TargetRole
+from crosstalk.core.states import AskState, MessageState, ReplyState
 from crosstalk.harness.base import Binding, Harness
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Receiver
-from crosstalk.store.journal import Journal
+from crosstalk.store.journal import Journal, JournalError
 from crosstalk.store.registry import (
     Descriptor,
     NameChoice,
@@ -36,6 +39,9 @@ from crosstalk.store.registry import (
     RegistryError,
     own_process_identity,
 )
+
+log = logging.getLogger(__name__)
+_SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class Agent:
         self.a2a: A2AServer | None = None
         self.descriptor: Descriptor | None = None
         self._http: httpx.AsyncClient | None = None
+        self._replies: dict[str, dict[str, Any]] = {}
 
     @property
     def name(self) -> str:
@@ -102,6 +109,7 @@ class Agent:
             self.journal = Journal(jpath, clock=self.clock)
             records = self.journal.replay().records
             self.claim = _claim_state(records)
+            self._replies = _reply_state(records)
             uds_path = uds_path_for(self.registry.home, self.agent_id, self.env)
             binding = Binding(spec.harness.name, spec.session_ref, spec.endpoint,
                               new_instance_id())
@@ -156,6 +164,76 @@ class Agent:
             self.journal.close()
             self.journal = None
 
+    # -- journal access for the tools ---------------------------------------------------------
+
+    def journal_records(self) -> list[dict[str, Any]]:
+        if self.journal is None:
+            raise RegistryError("agent is not registered")
+        return self.journal.replay().records
+
+    def journal_event(self, record: dict[str, Any]) -> None:
+        """Journal a record that gates nothing (e.g. a nudge); a failure is only logged."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.append(record)
+        except JournalError:
+            log.warning("agent %s: could not journal %s", self.agent_id, record.get("type"))
+
+    # -- reply: the staged transaction (seed R4-R8) ---------------------------------------
+
+    async def reply(self, message_id: str, text: str) -> dict[str, Any]:
+        """Answer an inbound message: obligation -> complete the ask -> forward to the asker.
+
+        One reply per inbound message (R4): a repeat with the same text returns the first
+        result; a different text is ``already_replied``. Each stage is journaled before the
+        next, so a crash resumes from its stage instead of answering twice.
+        """
+        if self.receiver is None or self.journal is None:
+            raise RegistryError("agent is not registered")
+        entry = self.receiver.entries.get(message_id)
+        if entry is None or entry.state not in (MessageState.ACCEPTED, MessageState.QUEUED):
+            raise ReplyRefused("no_such_message", "no delivered inbound message has that id; "
+                               "see receive_message, or use send_message")
+        if not entry.sender.verified or entry.sender.agent_id is None:
+            raise ReplyRefused("sender_unverified", "the sender is not a registered agent; "
+                               "answer with send_message if you know who it is")
+        prior = self._replies.get(message_id)
+        if prior is not None:
+            if prior["text"] != text:
+                raise ReplyRefused("already_replied", "this message was already answered")
+            if prior["state"] != ReplyState.PENDING.value:
+                return dict(prior["result"])
+        elif entry.ask in (AskState.EXPIRED, AskState.CLOSED):
+            raise ReplyRefused("ask_closed", "the ask's deadline passed or it was closed; "
+                               "send_message reaches the asker if it still matters")
+        else:
+            prior = {"reply_id": new_message_id(), "text": text,
+                     "state": ReplyState.PENDING.value, "result": {}}
+            self.journal.append({"subject": "reply", "id": message_id, "state": "pending",
+                                 "reply_id": prior["reply_id"], "text": text,
+                                 "to": entry.sender.agent_id, "refs": [message_id]})
+            self._replies[message_id] = prior
+        if entry.ask is AskState.OPEN:
+            self.receiver.close_ask(message_id, AskState.ANSWERED, text)
+        return await self._forward_reply(message_id, entry.sender.agent_id, prior)
+
+    async def _forward_reply(self, message_id: str, to_agent: str,
+                             prior: dict[str, Any]) -> dict[str, Any]:
+        assert self.journal is not None
+        res = await self.send(to_agent, prior["text"], message_id=prior["reply_id"],
+                              in_reply_to=message_id)
+        state = (ReplyState.FORWARDED if res.state in ("accepted", "queued")
+                 else ReplyState.UNREACHABLE if res.state in ("unreachable", "rejected")
+                 else ReplyState.PENDING)
+        result = {"message_id": prior["reply_id"], "state": res.state if res.state in
+                  _SEND_STATES else "unknown", "reason": res.reason, "in_reply_to": message_id}
+        if state is not ReplyState.PENDING:
+            self.journal.append({"subject": "reply", "id": message_id, "state": state.value,
+                                 "result": result})
+        prior.update(state=state.value, result=result)
+        return result
+
     async def send(self, to: str, text: str, *, kind: str = "inform",
                    delivery: str = "immediate", deadline_seconds: int = 0,
                    message_id: str | None = None, in_reply_to: str | None = None,
@@ -180,7 +258,28 @@ class Agent:
             expect_name=target.name)
 
 
-def _claim_state(records: list[dict[str, object]]) -> ClaimState:
+class ReplyRefused(Exception):
+    """A reply the reply tool must refuse, with the contract's reason."""
+
+    def __init__(self, reason: str, hint: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.hint = reason, hint
+
+
+def _reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    replies: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("subject") != "reply" or not isinstance(rec.get("id"), str):
+            continue
+        if rec.get("state") == ReplyState.PENDING.value:
+            replies[rec["id"]] = {"reply_id": rec.get("reply_id"), "text": rec.get("text"),
+                                  "state": "pending", "result": {}}
+        elif rec["id"] in replies:
+            replies[rec["id"]].update(state=rec.get("state"), result=rec.get("result") or {})
+    return replies
+
+
+def _claim_state(records: list[dict[str, Any]]) -> ClaimState:
     """The latest claim record in an agent's journal decides its role (seed §7)."""
     owner: str | None = None
     for rec in records:

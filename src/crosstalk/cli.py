@@ -7,6 +7,7 @@ Subcommands that belong to capabilities not built yet say so and exit 2, so a sc
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,7 +17,6 @@ EXIT_USAGE = 2
 
 #: subcommand -> (one-line help, what it will do once built)
 _PLANNED: dict[str, tuple[str, str]] = {
-    "mcp": ("run the shim: the MCP server a harness starts", "serve the seven tools over stdio"),
     "install": ("register CrossTalk with Claude Code and Codex", "edit both harness configs"),
     "uninstall": ("undo install exactly", "restore both harness configs"),
     "agents": ("list every session on this machine", "show name, harness, status, reachability"),
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"crosstalk {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("mcp", help="run the shim: the stdio MCP server a harness starts")
     demo = sub.add_parser("demo", help="show CrossTalk working with no harness installed")
     demo.add_argument("--keep", action="store_true", help="keep the demo's state directory")
     send = sub.add_parser(
@@ -64,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from crosstalk.demo import run_demo
 
         return run_demo(keep=args.keep)
+    if args.command == "mcp":
+        ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
+        from crosstalk.serve import run_mcp
+
+        return run_mcp(ppid)
     if args.command in ("send", "tail"):
         from crosstalk.config import state_dir
         from crosstalk.send import run_send, run_tail

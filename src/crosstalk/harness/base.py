@@ -8,6 +8,7 @@ by tests, benchmarks and the demo.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -81,4 +82,35 @@ class Harness(Protocol):
         anything was sent is ``unreachable``; anything ambiguous after sending is ``unknown``
         (never retried by the caller). Raising counts as ``unknown``.
         """
+        ...
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which session a tool call comes from, as one harness proves it (seed §3).
+
+    Identity is per request, never per process: one shim may serve several sessions (Codex
+    pools threads), so every ``tools/call`` is routed by its own evidence.
+    """
+
+    harness: str
+    session_ref: str
+    cwd: str
+    session_name: str | None = None
+    endpoint: str | None = None
+    harness_pid: int | None = None
+
+
+@runtime_checkable
+class Identifier(Protocol):
+    """The part of a harness that recognises its sessions in a request (trust order matters)."""
+
+    name: str
+
+    def identify(self, meta: Mapping[str, Any] | None) -> Identity | None:
+        """The calling session if this request carries this harness's evidence, else ``None``."""
+        ...
+
+    def harness_for(self, identity: Identity) -> Harness:
+        """The injector for that session."""
         ...

@@ -9,12 +9,15 @@ exactly the branches seed test 16 and the cancel race (test 22) need.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Outcome
+from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome
 
 
 @dataclass
@@ -73,3 +76,65 @@ class FakeHarness:
 
     def texts(self) -> list[str]:
         return [w.text for w in self.writes]
+
+
+#: The ``_meta`` keys by which a test client says which fake session a call comes from.
+FAKE_SESSION_META = "crosstalk.fake/session"
+FAKE_NAME_META = "crosstalk.fake/name"
+
+
+@dataclass
+class FileSinkHarness(FakeHarness):
+    """A fake session whose "model context" is a JSONL file (for out-of-process tests).
+
+    Each injection appends ``{"message_id", "from", "kind", "text", "wake"}`` to
+    ``<inbox_dir>/<session_ref>.jsonl`` and fsyncs it, so a test driving a real
+    ``crosstalk mcp`` process can read exactly what reached the session.
+    """
+
+    inbox_dir: str = ""
+
+    async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
+        outcome = await super().inject(binding, delivery)
+        if self.writes and self.writes[-1].delivery is delivery:
+            msg = delivery.message
+            line = json.dumps({"message_id": msg.message_id, "from": msg.sender.label,
+                               "from_agent_id": msg.sender.agent_id, "kind": msg.kind.value,
+                               "in_reply_to": msg.in_reply_to, "text": self.writes[-1].text,
+                               "wake": delivery.wake})
+            path = os.path.join(self.inbox_dir, f"{binding.session_ref}.jsonl")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line.encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return outcome
+
+
+@dataclass
+class FakeIdentifier:
+    """Identifies fake sessions by ``_meta["crosstalk.fake/session"]`` (like Codex's threadId)."""
+
+    name: str = "fake"
+    cwd: str = "/"
+    inbox_dir: str | None = None
+    harnesses: dict[str, FakeHarness] = field(default_factory=dict)
+
+    def identify(self, meta: Mapping[str, Any] | None) -> Identity | None:
+        if not meta:
+            return None
+        session = meta.get(FAKE_SESSION_META)
+        if not isinstance(session, str) or not session:
+            return None
+        name = meta.get(FAKE_NAME_META)
+        return Identity(self.name, session, self.cwd,
+                        session_name=name if isinstance(name, str) else None)
+
+    def harness_for(self, identity: Identity) -> Harness:
+        h = self.harnesses.get(identity.session_ref)
+        if h is None:
+            h = (FileSinkHarness(name=self.name, inbox_dir=self.inbox_dir) if self.inbox_dir
+                 else FakeHarness(name=self.name))
+            self.harnesses[identity.session_ref] = h
+        return h

@@ -1,0 +1,308 @@
+"""The mailbox: a pure view over journal records for the ``receive_message`` tool (design §5).
+
+``receive_message(state?, after?, limit?)`` returns entries and a next cursor. This module
+builds that answer from journal records and nothing else:
+
+- :func:`build_entries` folds the ``message`` records of one id (the first carries sender, kind
+  and text; later ones carry ``state`` and ``reason``) and the ``ask`` records of the same id
+  into one :class:`MailboxEntry`. The latest state wins.
+- :func:`page` orders entries by the ``seq`` of their latest change and pages through them
+  with an opaque cursor (``"s:<seq>"``). The cursor runs over the **full journal**, and the
+  state filter always applies, the default one included (seed R17): a cursor names a journal
+  position, so an entry that changes after it shows up again with its new state.
+- :func:`bounce_text` is what a session whose native reply was bounced is told (seed §5,
+  ADR 0009, R7).
+
+The default filter (:data:`DEFAULT_STATES`) is what a model should see: messages that reached,
+or failed to reach, this session's model and may need an answer or a follow-up.
+
+Shown by default:
+
+- ``accepted``: injected; listed so the model can find the ids it may ``reply`` to.
+- ``queued``: handed to the model's history (the Codex no-wake append).
+- ``unknown``: may or may not have reached the model; never resent (R2).
+- ``recovered``: passed the re-run checks after a crash but was never injected, so the mailbox
+  is the only way the model learns of it (R2).
+- ``unreachable``: could not be delivered (e.g. bound to another conversation); the seed has
+  such records surface here (§5 journal, test 21).
+- ``bounced``: the model's own native reply, which was not delivered (ADR 0009).
+
+Not shown by default:
+
+- ``rejected``: a policy, auth, hop, admission or size failure "stays out of the mailbox" (R2).
+- ``submitted``: still in flight, or a stranded A2A continuation that stays out (R2).
+- ``dispatching``: a journal-internal state only (§8).
+- ``canceled``: the sender canceled it before dispatch; it reached no one.
+
+An explicit ``state`` shows every entry in that state, the excluded ones too.
+
+An ask's change (answered, expired, closed) is a change of its entry: it moves the entry's
+latest ``seq``, so an expiry reaches a model that polls with a cursor.
+
+Records are expected as the journal stores them: every record has an int ``seq``, strictly
+increasing in journal order. Records without one, with no string ``id``, or with a state that
+is not a message (or ask) state are skipped, as journal replay skips them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from crosstalk.core.envelope import address_attr, escape_body
+from crosstalk.core.states import AskState, MessageState
+
+UNVERIFIED = "unverified"
+
+DEFAULT_LIMIT = 20
+MIN_LIMIT = 1
+MAX_LIMIT = 100
+
+#: The entries ``receive_message`` shows when no ``state`` is given (see the module docstring).
+DEFAULT_STATES: frozenset[str] = frozenset(s.value for s in (
+    MessageState.ACCEPTED, MessageState.QUEUED, MessageState.UNKNOWN, MessageState.RECOVERED,
+    MessageState.UNREACHABLE, MessageState.BOUNCED,
+))
+
+MESSAGE_STATES: frozenset[str] = frozenset(s.value for s in MessageState)
+_ASK_STATES = frozenset(s.value for s in AskState)
+
+#: How much of a bounced native message's first line the bounce quotes.
+BOUNCE_QUOTE_CHARS = 200
+BOUNCE_MAX_LISTED = 10
+
+_CURSOR_PREFIX = "s:"
+# Canonical decimal only, and short enough that int() never meets Python's digit limit.
+_CURSOR_RE = re.compile(r"s:(0|[1-9][0-9]{0,18})")
+
+
+class CursorError(ValueError):
+    """An ``after`` cursor that no ``receive_message`` call could have returned."""
+
+
+@dataclass(frozen=True)
+class MailboxEntry:
+    """One inbound message as the mailbox shows it."""
+
+    message_id: str
+    state: str
+    #: The sender's name, else its agent_id, else ``"unverified"``.
+    sender: str
+    sender_agent_id: str | None
+    kind: str
+    text: str
+    in_reply_to: str | None
+    #: ``seq`` of the first record of this message and of its latest change (message or ask).
+    first_seq: int
+    last_seq: int
+    reason: str | None = None
+    ask: str | None = None
+    reply: str | None = None
+
+    def to_tool_dict(self) -> dict[str, Any]:
+        """JSON-ready, with stable keys; ``ask`` and ``reply`` appear only when present."""
+        out: dict[str, Any] = {
+            "message_id": self.message_id,
+            "from": self.sender,
+            "from_agent_id": self.sender_agent_id,
+            "kind": self.kind,
+            "state": self.state,
+            "text": self.text,
+            "in_reply_to": self.in_reply_to,
+            "reason": self.reason,
+            "seq": self.last_seq,
+        }
+        if self.ask is not None:
+            out["ask"] = self.ask
+        if self.reply is not None:
+            out["reply"] = self.reply
+        return out
+
+
+@dataclass(frozen=True)
+class Page:
+    entries: list[MailboxEntry]
+    #: Pass as ``after`` to continue; always set, so a model can poll for what comes next.
+    next_cursor: str
+    #: More matching entries follow ``next_cursor`` right now.
+    more: bool = False
+
+
+# -- folding ------------------------------------------------------------------------------
+
+
+def _seq(rec: Mapping[str, Any]) -> int | None:
+    seq = rec.get("seq")
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        return seq
+    return None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _sender(rec: Mapping[str, Any]) -> tuple[str, str | None]:
+    sender = rec.get("sender")
+    if not isinstance(sender, Mapping):
+        return UNVERIFIED, None
+    agent_id = _str(sender.get("agent_id")) or None
+    name = _str(sender.get("name")) or None
+    return name or agent_id or UNVERIFIED, agent_id
+
+
+def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
+    """Fold journal records into one entry per message id, ordered by latest change."""
+    entries: dict[str, MailboxEntry] = {}
+    asks: dict[str, tuple[str, str | None, int]] = {}
+    for rec in records:
+        subject, rid, state, seq = rec.get("subject"), rec.get("id"), rec.get("state"), _seq(rec)
+        if not isinstance(rid, str) or not rid or seq is None:
+            continue
+        if subject == "ask" and state in _ASK_STATES:
+            prior_reply = asks[rid][1] if rid in asks else None
+            reply = _str(rec.get("reply"))
+            asks[rid] = (str(state), reply if reply is not None else prior_reply, seq)
+        elif subject == "message" and state in MESSAGE_STATES:
+            entries[rid] = _fold(entries.get(rid), rid, str(state), seq, rec)
+    for rid, (ask_state, reply, ask_seq) in asks.items():
+        if rid in entries:  # an ask with no message record has nothing to show
+            entry = entries[rid]
+            entries[rid] = replace(entry, ask=ask_state, reply=reply,
+                                   last_seq=max(entry.last_seq, ask_seq))
+    return sorted(entries.values(), key=lambda e: e.last_seq)
+
+
+def _fold(prior: MailboxEntry | None, rid: str, state: str, seq: int,
+          rec: Mapping[str, Any]) -> MailboxEntry:
+    reason = _str(rec.get("reason"))
+    if prior is None:
+        sender, agent_id = _sender(rec)
+        kind = _str(rec.get("kind")) or "inform"
+        return MailboxEntry(message_id=rid, state=state, sender=sender, sender_agent_id=agent_id,
+                            kind=kind, text=_str(rec.get("text")) or "",
+                            in_reply_to=_str(rec.get("in_reply_to")), first_seq=seq,
+                            last_seq=seq, reason=reason)
+    # A later state record: the state and its reason replace the old ones. Content fields come
+    # from the first record that carried them (a state record normally carries none).
+    changes: dict[str, Any] = {"state": state, "reason": reason,
+                               "last_seq": max(prior.last_seq, seq)}
+    if not prior.text and isinstance(rec.get("text"), str):
+        changes["text"] = rec["text"]
+    if prior.in_reply_to is None and isinstance(rec.get("in_reply_to"), str):
+        changes["in_reply_to"] = rec["in_reply_to"]
+    if prior.sender == UNVERIFIED and prior.sender_agent_id is None and "sender" in rec:
+        changes["sender"], changes["sender_agent_id"] = _sender(rec)
+    return replace(prior, **changes)
+
+
+# -- paging -------------------------------------------------------------------------------
+
+
+def encode_cursor(seq: int) -> str:
+    if seq < 0:
+        raise ValueError(f"a cursor seq is never negative, got {seq}")
+    return f"{_CURSOR_PREFIX}{seq}"
+
+
+def decode_cursor(cursor: str) -> int:
+    """The journal ``seq`` a cursor names; :class:`CursorError` if it is not one of ours."""
+    m = _CURSOR_RE.fullmatch(cursor) if isinstance(cursor, str) else None
+    if m is None:
+        shown = cursor[:40] + "..." if isinstance(cursor, str) and len(cursor) > 40 else cursor
+        raise CursorError(
+            f"invalid cursor {shown!r}: pass after= the next_cursor a previous receive_message "
+            "call returned (it looks like 's:<number>'), or omit after to start from the "
+            "oldest entry")
+    return int(m.group(1))
+
+
+def clamp_limit(limit: int | None) -> int:
+    if limit is None:
+        return DEFAULT_LIMIT
+    return max(MIN_LIMIT, min(MAX_LIMIT, int(limit)))
+
+
+def check_state(state: str) -> str:
+    if state not in MESSAGE_STATES:
+        valid = ", ".join(s.value for s in MessageState)
+        raise ValueError(f"unknown state {state!r}; valid states: {valid}")
+    return state
+
+
+def page(entries: Iterable[MailboxEntry], *, state: str | None = None,
+         after: str | None = None, limit: int | None = DEFAULT_LIMIT,
+         default_states: Collection[str] = DEFAULT_STATES) -> Page:
+    """One page of entries changed after ``after``, oldest change first.
+
+    ``state`` filters to one message state; without it ``default_states`` applies. ``limit``
+    is clamped to 1..100. ``next_cursor`` is the ``seq`` of the last returned entry when more
+    follow, else the newest change seen (or ``after``), so polling with it returns only what
+    changes later.
+    """
+    wanted: Collection[str] = {check_state(state)} if state is not None else default_states
+    start = decode_cursor(after) if after is not None else 0
+    n = clamp_limit(limit)
+    ordered = sorted(entries, key=lambda e: e.last_seq)
+    newer = [e for e in ordered if e.last_seq > start]
+    matching = [e for e in newer if e.state in wanted]
+    chosen = matching[:n]
+    more = len(matching) > n
+    # Nothing matching is left: skip past what does not match too. Safe, since any later
+    # change to a skipped entry gets a higher seq and so comes after the cursor.
+    end = chosen[-1].last_seq if more else max([start, *(e.last_seq for e in newer)])
+    return Page(entries=chosen, next_cursor=encode_cursor(end), more=more)
+
+
+# -- bounce -------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    """``text`` up to its first line break (any break ``str.splitlines`` knows)."""
+    lines = text.splitlines()
+    return lines[0] if lines else ""
+
+
+def _inline(text: str) -> str:
+    """A field shown inside a line: every line break becomes a space, tags are escaped."""
+    return escape_body(" ".join(text.splitlines()))
+
+
+def bounce_text(frame_first_line: str, open_inbound: Sequence[MailboxEntry], *,
+                max_listed: int = BOUNCE_MAX_LISTED) -> str:
+    """What the shim injects back into a session whose native message it bounced.
+
+    Lists the ``max_listed`` newest (by arrival) of ``open_inbound``, the messages the session
+    may still answer with ``reply``; the caller decides which are open (asks with an open
+    obligation, informs within their route's hour). Anything the first line or an entry says
+    is escaped: it can neither close nor forge an envelope or a metadata line.
+    """
+    if max_listed < 0:
+        raise ValueError(f"max_listed must not be negative, got {max_listed}")
+    first = _one_line(frame_first_line)
+    if len(first) > BOUNCE_QUOTE_CHARS:
+        first = first[:BOUNCE_QUOTE_CHARS] + "…"
+    quoted = escape_body(first) if first else "(empty)"
+    lines = [
+        "CrossTalk: your native message was not delivered. A native reply to a CrossTalk "
+        "address is never forwarded.",
+        f'Its first line was: "{quoted}"',
+    ]
+    newest = sorted(open_inbound, key=lambda e: e.first_seq, reverse=True)
+    listed = newest[:max_listed]
+    if listed:
+        lines.append("To answer one of these open messages, call the reply tool with its "
+                     "message_id (newest first):")
+        lines.extend(f"- message_id={address_attr(e.message_id)} from={_inline(e.sender)} "
+                     f"kind={_inline(e.kind)}" for e in listed)
+        lines.append("To write to anyone else, use send_message.")
+    else:
+        lines.append("There is no open message to answer with reply; use send_message to "
+                     "write to a session.")
+    rest = len(newest) - len(listed)
+    if rest > 0:
+        lines.append(f"{rest} more open message{'s are' if rest != 1 else ' is'} not listed; "
+                     "call receive_message to see them.")
+    return "\n".join(lines)

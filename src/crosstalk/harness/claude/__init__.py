@@ -1,0 +1,1 @@
+"""Claude Code harness: its session registry, inbox socket and key files."""

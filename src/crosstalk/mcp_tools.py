@@ -1,0 +1,317 @@
+"""The seven tools, served over the official ``mcp`` SDK (the tool contract, design doc §5).
+
+Names, arguments and result fields are a contract that tests outside the project rely on.
+Every result is JSON text plus ``structuredContent``. A call whose request carries no
+evidence of a session is *unbound*: it may list agents, and every other tool answers
+``unbound`` (seed §8).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mcp import types
+from mcp.server import Server, ServerRequestContext
+
+from crosstalk import __version__
+from crosstalk.a2a.client import SendResult
+from crosstalk.agent import Agent, ReplyRefused
+from crosstalk.core.mailbox import CursorError, build_entries, page
+from crosstalk.core.nudge import combine_hint
+from crosstalk.harness.base import Identity
+from crosstalk.receiver import ReceiverUnavailable
+from crosstalk.shim import Shim
+from crosstalk.store.registry import Liveness
+
+log = logging.getLogger(__name__)
+
+SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
+MAX_TEXT = 64 * 1024
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required,
+            "additionalProperties": False}
+
+
+_TO = {"type": "string", "minLength": 1,
+       "description": "An agent name or agent_id from list_agents."}
+_TEXT = {"type": "string", "minLength": 1, "description": "The message text."}
+
+TOOLS: list[types.Tool] = [
+    types.Tool(
+        name="list_agents",
+        description=("List the agent sessions on this machine you can message: name, harness, "
+                     "cwd, status, whether CrossTalk serves them and whether they are reachable. "
+                     "Call it before messaging someone whose exact name you do not know."),
+        input_schema=_schema({}, []),
+    ),
+    types.Tool(
+        name="send_message",
+        description=("Send a message to another agent session by name; it arrives inside that "
+                     "session. kind=inform (default) shares information; kind=command asks it to "
+                     "act and is only allowed where you have authority. delivery=next_turn "
+                     "waits for the session's next turn instead of interrupting it. No reply is "
+                     "expected; use ask when you need an answer."),
+        input_schema=_schema({
+            "to": _TO, "text": _TEXT,
+            "kind": {"type": "string", "enum": ["inform", "command"], "default": "inform"},
+            "delivery": {"type": "string", "enum": ["immediate", "next_turn"],
+                         "default": "immediate"},
+        }, ["to", "text"]),
+    ),
+    types.Tool(
+        name="ask",
+        description=("Ask another agent session a question. It returns once the question is "
+                     "delivered; the answer arrives later as a message in this session, marked "
+                     "in-reply-to this message_id. deadline_seconds=0 means no deadline."),
+        input_schema=_schema({
+            "to": _TO, "text": _TEXT,
+            "deadline_seconds": {"type": "integer", "minimum": 0, "maximum": 86400,
+                                 "default": 0},
+        }, ["to", "text"]),
+    ),
+    types.Tool(
+        name="reply",
+        description=("Answer a message you received, naming its message_id (shown in the "
+                     "[crosstalk message-id=…] line). Use this, not a native SendMessage, to "
+                     "answer an ask: only reply routes the answer back to the asker."),
+        input_schema=_schema({"message_id": {"type": "string", "minLength": 1}, "text": _TEXT},
+                             ["message_id", "text"]),
+    ),
+    types.Tool(
+        name="receive_message",
+        description=("Read this session's CrossTalk mailbox: messages that reached it (or "
+                     "failed to), newest changes last, with a cursor to page on. Use it to find "
+                     "a message_id to reply to, or to see what you may have missed."),
+        input_schema=_schema({
+            "state": {"type": "string", "description": "Only entries in this state."},
+            "after": {"type": "string", "description": "The next_cursor of a previous call."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+        }, []),
+    ),
+    types.Tool(
+        name="claim",
+        description=("Claim an unclaimed agent as your subagent (you become its owner, and only "
+                     "you may send it commands)."),
+        input_schema=_schema({"name": _TO}, ["name"]),
+    ),
+    types.Tool(
+        name="release",
+        description="Release an agent you own; it becomes a primary again.",
+        input_schema=_schema({"name": _TO}, ["name"]),
+    ),
+]
+TOOL_NAMES = {t.name for t in TOOLS}
+
+
+class ToolError(Exception):
+    """A tool call that fails with a stable reason (and optional hint) for the model."""
+
+    def __init__(self, reason: str, hint: str | None = None, **extra: Any) -> None:
+        super().__init__(reason)
+        self.reason, self.hint, self.extra = reason, hint, extra
+
+
+def _result(payload: Mapping[str, Any], *, error: bool = False) -> types.CallToolResult:
+    data = {k: v for k, v in payload.items() if v is not None}
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(data, sort_keys=True))],
+        structured_content=data, is_error=error)
+
+
+def _opt_str(args: Mapping[str, Any], key: str) -> str | None:
+    value = args.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ToolError("invalid_arguments", f"'{key}' must be a non-empty string")
+    return value
+
+
+def _req_str(args: Mapping[str, Any], key: str) -> str:
+    value = _opt_str(args, key)
+    if value is None:
+        raise ToolError("invalid_arguments", f"'{key}' is required")
+    return value
+
+
+def _choice(args: Mapping[str, Any], key: str, choices: set[str], default: str) -> str:
+    value = _opt_str(args, key) or default
+    if value not in choices:
+        raise ToolError("invalid_arguments",
+                        f"'{key}' must be one of {', '.join(sorted(choices))}")
+    return value
+
+
+def _int_arg(args: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ToolError("invalid_arguments", f"'{key}' must be an integer from {lo} to {hi}")
+    return value
+
+
+def _text_arg(args: Mapping[str, Any]) -> str:
+    text = _req_str(args, "text")
+    if len(text.encode()) > MAX_TEXT:
+        raise ToolError("message_too_large", f"text is limited to {MAX_TEXT} bytes")
+    return text
+
+
+class Tools:
+    """The tool implementations over one :class:`Shim`."""
+
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+        self._handlers: dict[str, Callable[[Agent, Identity, Mapping[str, Any]],
+                                           Awaitable[dict[str, Any]]]] = {
+            "send_message": self.send_message, "ask": self.ask, "reply": self.reply,
+            "receive_message": self.receive_message, "claim": self.claim,
+            "release": self.release,
+        }
+
+    async def call(self, name: str, args: Mapping[str, Any] | None,
+                   meta: Mapping[str, Any] | None) -> types.CallToolResult:
+        args = args or {}
+        try:
+            if name not in TOOL_NAMES:
+                raise ToolError("unknown_tool", f"tools: {', '.join(sorted(TOOL_NAMES))}")
+            found = self.shim.identify(meta)
+            if name == "list_agents":
+                extra = _str_keys(args)
+                if extra:
+                    raise ToolError("invalid_arguments", "list_agents takes no arguments")
+                return _result({"agents": self.list_agents()})
+            if found is None:
+                raise ToolError("unbound", "this call carries no evidence of which session "
+                                "made it; only list_agents is available")
+            identifier, identity = found
+            agent = await self.shim.agent_for(identifier, identity)
+            payload = await self._handlers[name](agent, identity, args)
+            notice = self.shim.take_notice(identity)
+            if notice:
+                payload["notice"] = notice
+            return _result(payload)
+        except ToolError as exc:
+            return _result({"error": exc.reason, "hint": exc.hint, **exc.extra}, error=True)
+        except ReceiverUnavailable:
+            log.exception("tool %s: journal unavailable", name)
+            return _result({"error": "journal_unavailable",
+                            "hint": "the message store refused a write; nothing was sent"},
+                           error=True)
+
+    # -- list_agents ---------------------------------------------------------------------
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        listed, _ = self.shim.registry.scan()
+        rows = []
+        for item in listed:
+            if item.liveness is not Liveness.LIVE:
+                continue
+            d = item.descriptor
+            rows.append({"name": d.name, "agent_id": d.agent_id, "harness": d.harness,
+                         "cwd": d.cwd, "status": "unknown", "crosstalk": True,
+                         "reachable": d.a2a_url is not None, "role": d.role, "owner": d.owner})
+        return sorted(rows, key=lambda r: (r["name"], r["agent_id"]))
+
+    # -- sending -------------------------------------------------------------------------
+
+    def _send_payload(self, agent: Agent, identity: Identity, to: str, res: SendResult, *,
+                      kind: str) -> dict[str, Any]:
+        state = res.state if res.state in SEND_STATES else "unknown"
+        reason = res.reason if res.state in SEND_STATES else (res.reason or res.state)
+        payload: dict[str, Any] = {"message_id": res.message_id or None, "state": state,
+                                   "reason": reason}
+        if res.reason == "no_such_agent":
+            payload["hint"] = "no live agent has that name or id; call list_agents"
+        elif res.reason == "ambiguous_name":
+            payload["hint"] = "several agents match; use an agent_id from list_agents"
+        peers = self.shim.registry.find(to)
+        peer = peers[0].agent_id if len(peers) == 1 else to
+        nudge = self.shim.nudge_counter(identity).record(
+            peer, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
+        if nudge is not None:
+            payload["hint"] = combine_hint(payload.get("hint"), nudge)
+            agent.journal_event({"type": "nudge", "peer": peer, "count": nudge.count})
+        return payload
+
+    async def send_message(self, agent: Agent, identity: Identity,
+                           args: Mapping[str, Any]) -> dict[str, Any]:
+        to = _req_str(args, "to")
+        text = _text_arg(args)
+        kind = _choice(args, "kind", {"inform", "command"}, "inform")
+        delivery = _choice(args, "delivery", {"immediate", "next_turn"}, "immediate")
+        res = await agent.send(to, text, kind=kind, delivery=delivery)
+        return self._send_payload(agent, identity, to, res, kind=kind)
+
+    async def ask(self, agent: Agent, identity: Identity,
+                  args: Mapping[str, Any]) -> dict[str, Any]:
+        to = _req_str(args, "to")
+        text = _text_arg(args)
+        deadline = _int_arg(args, "deadline_seconds", 0, 0, 86400)
+        res = await agent.send(to, text, kind="ask", deadline_seconds=deadline,
+                               until_delivered=True)
+        return self._send_payload(agent, identity, to, res, kind="ask")
+
+    async def reply(self, agent: Agent, identity: Identity,
+                    args: Mapping[str, Any]) -> dict[str, Any]:
+        mid = _req_str(args, "message_id")
+        text = _text_arg(args)
+        try:
+            return await agent.reply(mid, text)
+        except ReplyRefused as exc:
+            raise ToolError(exc.reason, exc.hint, message_id=mid) from None
+
+    # -- mailbox -------------------------------------------------------------------------
+
+    async def receive_message(self, agent: Agent, identity: Identity,
+                              args: Mapping[str, Any]) -> dict[str, Any]:
+        state = _opt_str(args, "state")
+        after = _opt_str(args, "after")
+        limit = _int_arg(args, "limit", 20, 1, 100)
+        records = agent.journal_records()
+        try:
+            got = page(build_entries(records), state=state, after=after, limit=limit)
+        except CursorError as exc:
+            raise ToolError("invalid_cursor", str(exc)) from None
+        except ValueError as exc:
+            raise ToolError("invalid_arguments", str(exc)) from None
+        return {"entries": [e.to_tool_dict() for e in got.entries],
+                "next_cursor": got.next_cursor}
+
+    # -- claims --------------------------------------------------------------------------
+
+    async def claim(self, agent: Agent, identity: Identity,
+                    args: Mapping[str, Any]) -> dict[str, Any]:
+        _req_str(args, "name")
+        raise ToolError("not_available", "claim is not available in this build yet")
+
+    async def release(self, agent: Agent, identity: Identity,
+                      args: Mapping[str, Any]) -> dict[str, Any]:
+        _req_str(args, "name")
+        raise ToolError("not_available", "release is not available in this build yet")
+
+
+def _str_keys(args: Mapping[str, Any]) -> list[str]:
+    return [k for k in args if isinstance(k, str)]
+
+
+def build_server(tools: Tools) -> Server[Any]:
+    async def on_list_tools(ctx: ServerRequestContext[Any, Any],
+                            params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=TOOLS)
+
+    async def on_call_tool(ctx: ServerRequestContext[Any, Any],
+                           params: types.CallToolRequestParams) -> types.CallToolResult:
+        meta: Mapping[str, Any] | None = ctx.meta if ctx.meta is not None else None
+        return await tools.call(params.name, params.arguments, meta)
+
+    return Server("crosstalk", version=__version__,
+                  instructions=("CrossTalk: message other AI coding-agent sessions on this "
+                                "machine by name (list_agents, send_message, ask, reply, "
+                                "receive_message, claim, release)."),
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+

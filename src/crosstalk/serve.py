@@ -1,0 +1,87 @@
+"""``crosstalk mcp``: run the shim over stdio until the harness goes away.
+
+It exits on stdin EOF (the harness closed the connection) and when its parent process dies
+(a leftover shim must not keep an agent looking alive): the parent pid is polled, since a
+re-parented process sees a different ``getppid()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from mcp.server.stdio import stdio_server
+
+from crosstalk.config import ensure_private_dir, state_dir
+from crosstalk.harness.base import Identifier
+from crosstalk.harness.fake import FakeIdentifier
+from crosstalk.mcp_tools import Tools, build_server
+from crosstalk.shim import Shim
+from crosstalk.store.registry import Registry
+
+log = logging.getLogger(__name__)
+PARENT_POLL_SECONDS = 0.5
+
+
+def identifiers_from_env(env: dict[str, str]) -> list[Identifier]:
+    """The harnesses this shim recognises, in trust order.
+
+    ``CROSSTALK_HARNESS=fake`` serves fake sessions named in ``_meta`` (tests, the demo);
+    their injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
+    """
+    chosen = env.get("CROSSTALK_HARNESS", "")
+    found: list[Identifier] = []
+    if chosen == "fake":
+        inbox = env.get("CROSSTALK_FAKE_INBOX") or None
+        if inbox:
+            ensure_private_dir(Path(inbox))
+        found.append(FakeIdentifier(cwd=os.getcwd(), inbox_dir=inbox))
+    return found
+
+
+async def _watch_parent(ppid: int) -> None:
+    while os.getppid() == ppid:
+        await asyncio.sleep(PARENT_POLL_SECONDS)
+    log.info("parent %d is gone; exiting", ppid)
+
+
+async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
+                      ppid: int | None = None) -> None:
+    registry = Registry(ensure_private_dir(state_dir(env)))
+    shim = Shim(registry, identifiers, env=env)
+    server = build_server(Tools(shim))
+    try:
+        async with stdio_server() as (read, write):
+            serve = asyncio.ensure_future(
+                server.run(read, write, server.create_initialization_options()))
+            watch = asyncio.ensure_future(_watch_parent(os.getppid() if ppid is None else ppid))
+            try:
+                done, _ = await asyncio.wait({serve, watch},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if watch in done:
+                    # Orphaned: clean up, then leave at once. The stdio reader is a thread
+                    # blocked on a stdin that may never reach EOF; an orderly shutdown would
+                    # wait for it forever and keep this agent looking alive.
+                    await shim.close()
+                    logging.shutdown()
+                    os._exit(0)
+            finally:
+                for task in (serve, watch):
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+    finally:
+        await shim.close()
+
+
+def run_mcp(ppid: int | None = None) -> int:
+    """``ppid`` is the parent as seen at process start (the parent may die during imports)."""
+    env = dict(os.environ)
+    logging.basicConfig(level=os.environ.get("CROSSTALK_LOG", "WARNING").upper(),
+                        format="crosstalk mcp: %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve_stdio(identifiers_from_env(env), env, ppid))
+    return 0

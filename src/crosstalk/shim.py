@@ -1,0 +1,99 @@
+"""The shim: one ``crosstalk mcp`` process, serving one or more agents.
+
+Identity is bound per request (seed §3): each ``tools/call`` is matched to a session by the
+identifiers in trust order, and the agent for ``(harness, session_ref)`` is created lazily and
+atomically — concurrent first calls for one session share a single creation, and a failed
+creation is not cached. Closing the shim stops every agent it serves (descriptors, sockets and
+keys removed under their locks; journals and lock files kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crosstalk.agent import Agent, AgentSpec
+from crosstalk.core.admission import Limits
+from crosstalk.core.nudge import NudgeCounter
+from crosstalk.harness.base import Identifier, Identity
+from crosstalk.store.registry import Registry
+
+AgentKey = tuple[str, str]
+
+
+class Shim:
+    def __init__(self, registry: Registry, identifiers: Sequence[Identifier], *,
+                 env: dict[str, str] | None = None, limits: Limits | None = None) -> None:
+        self.registry = registry
+        self.identifiers = list(identifiers)
+        self.env = env
+        self.limits = limits or Limits()
+        self.agents: dict[AgentKey, Agent] = {}
+        self.nudges: dict[AgentKey, NudgeCounter] = {}
+        self._creating: dict[AgentKey, asyncio.Task[Agent]] = {}
+        self._notices: dict[AgentKey, str] = {}
+        self._closed = False
+
+    def identify(self, meta: Mapping[str, Any] | None) -> tuple[Identifier, Identity] | None:
+        """The first identifier (trust order) that recognises the request's evidence."""
+        for identifier in self.identifiers:
+            identity = identifier.identify(meta)
+            if identity is not None:
+                return identifier, identity
+        return None
+
+    async def agent_for(self, identifier: Identifier, identity: Identity) -> Agent:
+        if self._closed:
+            raise RuntimeError("shim is shutting down")
+        key = (identity.harness, identity.session_ref)
+        agent = self.agents.get(key)
+        if agent is not None:
+            return agent
+        task = self._creating.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._create(key, identifier,
+                                                                       identity))
+            self._creating[key] = task
+
+            def forget(_: asyncio.Task[Agent], k: AgentKey = key) -> None:
+                self._creating.pop(k, None)  # a failed creation is retried by the next call
+
+            task.add_done_callback(forget)
+        return await asyncio.shield(task)
+
+    async def _create(self, key: AgentKey, identifier: Identifier, identity: Identity) -> Agent:
+        spec = AgentSpec(harness=identifier.harness_for(identity),
+                         session_ref=identity.session_ref, cwd=identity.cwd,
+                         session_name=identity.session_name, endpoint=identity.endpoint,
+                         harness_pid=identity.harness_pid)
+        agent = Agent(self.registry, spec, limits=self.limits, env=self.env)
+        choice = await agent.start()
+        self.agents[key] = agent
+        self.nudges[key] = NudgeCounter()
+        if choice.is_fallback:
+            holder = choice.preferred_holder
+            live = " by a live session" if holder is not None else ""
+            self._notices[key] = (
+                f"The name '{choice.preferred}' is held{live}; this session is registered as "
+                f"'{choice.name}'. It will take '{choice.preferred}' once that name is free.")
+        return agent
+
+    def take_notice(self, identity: Identity) -> str | None:
+        """A one-time notice for the session's model (e.g. it got a fallback name)."""
+        return self._notices.pop((identity.harness, identity.session_ref), None)
+
+    def nudge_counter(self, identity: Identity) -> NudgeCounter:
+        return self.nudges.setdefault((identity.harness, identity.session_ref), NudgeCounter())
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._creating.values()):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        agents, self.agents = list(self.agents.values()), {}
+        for agent in agents:
+            with contextlib.suppress(Exception):
+                await agent.stop()

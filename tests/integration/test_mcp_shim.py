@@ -1,0 +1,245 @@
+"""Real ``crosstalk mcp`` processes driven by the official MCP client over stdio.
+
+The fake harness stands in for the sessions: a call names its session in ``_meta`` (as Codex
+names its thread), and what reaches a session's "model" is appended to
+``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
+from crosstalk.store.registry import Registry
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "claim", "release"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, str]:
+    runtime = tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")
+    return {**os.environ, "CROSSTALK_HOME": str(tmp_path / "state"),
+            "XDG_RUNTIME_DIR": runtime, "CROSSTALK_HARNESS": "fake",
+            "CROSSTALK_FAKE_INBOX": str(tmp_path / "inbox")}
+
+
+def meta(session: str, name: str | None = None) -> dict[str, Any]:
+    m: dict[str, Any] = {FAKE_SESSION_META: session}
+    if name:
+        m[FAKE_NAME_META] = name
+    return m
+
+
+@asynccontextmanager
+async def shim(env: dict[str, str], mode: str = "legacy") -> AsyncIterator[Client]:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "crosstalk", "mcp"],
+                                   env=env)
+    async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
+        yield client
+
+
+def data(result: Any) -> dict[str, Any]:
+    assert result.structured_content is not None
+    parsed = json.loads(result.content[0].text)
+    assert parsed == result.structured_content
+    return dict(result.structured_content)
+
+
+def inbox(env: dict[str, str], session: str) -> list[dict[str, Any]]:
+    path = Path(env["CROSSTALK_FAKE_INBOX"]) / f"{session}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.05)
+
+
+async def test_tools_are_the_contract(world: dict[str, str]) -> None:
+    async with shim(world) as c:
+        listed = await c.list_tools()
+        assert {t.name for t in listed.tools} == TOOLS
+        by_name = {t.name: t for t in listed.tools}
+        assert set(by_name["send_message"].input_schema["properties"]) == {
+            "to", "text", "kind", "delivery"}
+        assert set(by_name["ask"].input_schema["properties"]) == {
+            "to", "text", "deadline_seconds"}
+        assert set(by_name["reply"].input_schema["required"]) == {"message_id", "text"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_unbound_calls_get_list_agents_only(world: dict[str, str], mode: str) -> None:
+    async with shim(world, mode) as c:
+        listed = data(await c.call_tool("list_agents", {}))
+        assert listed == {"agents": []}
+        res = await c.call_tool("send_message", {"to": "x", "text": "hi"})
+        assert res.is_error
+        assert data(res)["error"] == "unbound"
+
+
+async def test_send_between_two_shims(world: dict[str, str]) -> None:
+    async with shim(world) as a, shim(world) as b:
+        # b's session registers on its first call (lazy, like a Codex thread)
+        empty = data(await b.call_tool("receive_message", {}, meta=meta("b1", "bob")))
+        assert empty["entries"] == []
+        sent = data(await a.call_tool("send_message", {"to": "bob", "text": "hello bob"},
+                                      meta=meta("a1", "alice")))
+        assert sent["state"] == "accepted", sent
+        got = inbox(world, "b1")
+        assert [m["text"] for m in got] == ["hello bob"]
+        assert got[0]["from"] == "alice"
+        names = {r["name"] for r in data(await b.call_tool("list_agents", {}))["agents"]}
+        assert names == {"alice", "bob"}
+        mailbox = data(await b.call_tool("receive_message", {}, meta=meta("b1")))
+        [entry] = mailbox["entries"]
+        assert entry["message_id"] == sent["message_id"]
+        assert entry["from"] == "alice"
+        assert entry["state"] == "accepted"
+
+
+async def test_ask_and_reply_round_trip(world: dict[str, str]) -> None:
+    async with shim(world) as a, shim(world) as b:
+        await b.call_tool("receive_message", {}, meta=meta("b1", "bob"))
+        asked = data(await a.call_tool("ask", {"to": "bob", "text": "which test is flaky?"},
+                                       meta=meta("a1", "alice")))
+        assert asked["state"] == "accepted", asked
+        [q] = inbox(world, "b1")
+        assert q["kind"] == "ask"
+        answer = data(await b.call_tool("reply", {"message_id": asked["message_id"],
+                                                  "text": "test_retry"}, meta=meta("b1")))
+        assert answer["state"] == "accepted", answer
+        assert answer["in_reply_to"] == asked["message_id"]
+        [r] = inbox(world, "a1")
+        assert r["text"] == "test_retry"
+        assert r["in_reply_to"] == asked["message_id"]
+        assert r["from"] == "bob"
+        # R4: one reply per inbound message
+        again = data(await b.call_tool("reply", {"message_id": asked["message_id"],
+                                                 "text": "test_retry"}, meta=meta("b1")))
+        assert again == answer
+        other = await b.call_tool("reply", {"message_id": asked["message_id"],
+                                            "text": "something else"}, meta=meta("b1"))
+        assert other.is_error
+        assert data(other)["error"] == "already_replied"
+        assert len(inbox(world, "a1")) == 1
+        missing = await b.call_tool("reply", {"message_id": "no-such", "text": "x"},
+                                    meta=meta("b1"))
+        assert data(missing)["error"] == "no_such_message"
+
+
+@pytest.mark.seed(27)
+async def test_pooled_shim_routes_each_call_by_its_session(world: dict[str, str]) -> None:
+    async with shim(world) as pooled, shim(world) as other:
+        await pooled.call_tool("receive_message", {}, meta=meta("t1", "thread-one"))
+        await pooled.call_tool("receive_message", {}, meta=meta("t2", "thread-two"))
+        s1 = data(await other.call_tool("send_message", {"to": "thread-one", "text": "for t1"},
+                                        meta=meta("o", "outsider")))
+        s2 = data(await other.call_tool("send_message", {"to": "thread-two", "text": "for t2"},
+                                        meta=meta("o")))
+        assert s1["state"] == s2["state"] == "accepted"
+        assert [m["text"] for m in inbox(world, "t1")] == ["for t1"]
+        assert [m["text"] for m in inbox(world, "t2")] == ["for t2"]
+        m1 = data(await pooled.call_tool("receive_message", {}, meta=meta("t1")))
+        m2 = data(await pooled.call_tool("receive_message", {}, meta=meta("t2")))
+        assert [e["text"] for e in m1["entries"]] == ["for t1"]
+        assert [e["text"] for e in m2["entries"]] == ["for t2"]
+        unbound = await pooled.call_tool("receive_message", {})
+        assert data(unbound)["error"] == "unbound"
+
+
+async def test_bad_arguments_get_clear_errors(world: dict[str, str]) -> None:
+    async with shim(world) as c:
+        m = meta("z1", "zed")
+        cases: list[tuple[str, dict[str, Any], str]] = [
+            ("send_message", {"to": "x"}, "invalid_arguments"),
+            ("send_message", {"to": "x", "text": "hi", "kind": "ask"}, "invalid_arguments"),
+            ("send_message", {"to": 3, "text": "hi"}, "invalid_arguments"),
+            ("ask", {"to": "x", "text": "hi", "deadline_seconds": -1}, "invalid_arguments"),
+            ("ask", {"to": "x", "text": "hi", "deadline_seconds": True}, "invalid_arguments"),
+            ("receive_message", {"after": "garbage"}, "invalid_cursor"),
+            ("receive_message", {"limit": 0}, "invalid_arguments"),
+            ("no_such_tool", {}, "unknown_tool"),
+        ]
+        for tool, args, reason in cases:
+            res = await c.call_tool(tool, args, meta=m)
+            assert res.is_error, (tool, args)
+            assert data(res)["error"] == reason, (tool, args, data(res))
+        unknown = data(await c.call_tool("send_message", {"to": "nobody", "text": "hi"},
+                                         meta=m))
+        assert unknown["state"] == "unknown"
+        assert unknown["reason"] == "no_such_agent"
+
+
+async def test_exit_on_stdin_eof_removes_descriptors(world: dict[str, str]) -> None:
+    reg = Registry(Path(world["CROSSTALK_HOME"]))
+    async with shim(world) as c:
+        await c.call_tool("receive_message", {}, meta=meta("e1", "eve"))
+        assert [d.name for d in reg.live()] == ["eve"]
+    await eventually(lambda: reg.live() == [] and not list(reg.agents_dir.glob("*.json")))
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie waiting for init to reap it counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
+def test_leftover_shim_exits_when_its_parent_dies(world: dict[str, str]) -> None:
+    # The shim's stdin is a pipe the *test* holds open, so stdin never reaches EOF: only the
+    # parent-death watch can end it once its parent (a stand-in harness) is killed.
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-m', 'crosstalk', 'mcp'],"
+              " stdout=subprocess.DEVNULL)\n"
+              "print(p.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], env=world,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(1.0)  # let it start serving
+        assert not _gone(child)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        killed_at = time.monotonic()
+        while not _gone(child):
+            if time.monotonic() - killed_at > 10:
+                os.kill(child, signal.SIGKILL)
+                raise AssertionError("the shim outlived its parent by 10 s")
+            time.sleep(0.05)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if parent.stdin is not None:
+            parent.stdin.close()
