@@ -32,6 +32,8 @@ from typing import Any
 
 from crosstalk.core.admission import Admission, Limits
 from crosstalk.core.hops import check_hop_chain, hop_token
+from crosstalk.core.ids import new_message_id
+from crosstalk.core.mailbox import bounce_text, build_entries
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.policy import TargetRole, authorize
 from crosstalk.core.states import AskState, MessageState, check_transition
@@ -170,7 +172,10 @@ class Receiver:
                 prior.stalled = False
                 return replace(await self.dispatch(prior), duplicate=True)
             return admitted
-        return await self.dispatch(admitted)
+        result = await self.dispatch(admitted)
+        if admitted.message_id != msg.message_id:  # a bounce notice went out in its place
+            return self.entries[msg.message_id].result()
+        return result
 
     def admit(self, msg: Message) -> Entry | Result:
         """Dedupe, checks and the durable ``submitted`` record, all without yielding.
@@ -178,6 +183,8 @@ class Receiver:
         Returns the admitted :class:`Entry`, or the final :class:`Result` when the message
         stops here (duplicate or rejected).
         """
+        if msg.native and msg.sender.agent_id == self.agent_id:
+            return self._bounce(msg)
         prior = self.entries.get(msg.message_id)
         if prior is not None:
             if msg.native or prior.sender.key != msg.sender.key:
@@ -210,6 +217,41 @@ class Receiver:
         self.entries[msg.message_id] = entry
         self._notify(entry)
         return entry
+
+    def _bounce(self, msg: Message) -> Entry | Result:
+        """A native reply from our own session: journal it bounced, never forward it.
+
+        The session answered an injected message with its harness's own send (Claude's
+        SendMessage to the reply address in the envelope). That frame has no correlation id,
+        so guessing which message it answers could hand one asker another's answer (seed
+        ADR 0009, live round 4). Instead the session is told, by a notice admitted here and
+        dispatched like any message, which inbound messages it may answer with ``reply``.
+        A bounce opens no route; a native answer to the notice is bounced again.
+        """
+        record = {"subject": "message", "id": msg.message_id, "state": M.BOUNCED.value,
+                  "reason": "native_reply_not_forwarded", "sender": sender_record(msg.sender),
+                  "kind": msg.kind.value, "text": msg.text, "native": True,
+                  "binding": self.binding.as_record() if self.binding else None}
+        try:
+            self.journal.append(record)
+        except JournalError as exc:
+            raise ReceiverUnavailable(f"journal refused the bounce: {exc}") from exc
+        entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.BOUNCED,
+                      msg.sender.ingress.value, reason="native_reply_not_forwarded")
+        self.entries[msg.message_id] = entry
+        self._notify(entry)
+        open_inbound = [
+            e for e in build_entries(self.journal.replay().records)
+            if e.sender_agent_id not in (None, self.agent_id) and e.reply is None
+            and (e.ask == AskState.OPEN.value or (
+                e.ask is None and e.state in (M.ACCEPTED.value, M.QUEUED.value)))
+        ]
+        first_line = msg.text.splitlines()[0] if msg.text else ""
+        notice = Message(message_id=new_message_id(),
+                         sender=Sender(None, name="crosstalk", ingress=Ingress.LOCAL),
+                         text=bounce_text(first_line, open_inbound), in_reply_to=None)
+        admitted = self.admit(notice)
+        return admitted if isinstance(admitted, Entry) else entry.result()
 
     def check(self, msg: Message) -> str | None:
         """The deterministic checks: hop chain (A2A only), policy, size."""

@@ -1329,3 +1329,58 @@ async def test_local_notice_submitted_at_a_crash_is_rechecked_not_resumed(rig: R
     assert resumable == []
     assert rig.states("m-local") == ["submitted", "recovered"]
     assert rig.written() == 0
+
+
+# -- seed 5: native replies from our own session are bounced, never forwarded ------------------
+
+
+SELF_NATIVE = Sender(agent_id=AGENT_ID, name="me", role=PRIMARY, ingress=Ingress.UDS,
+                     peer_pid=777)
+
+
+@pytest.mark.seed(5)
+@pytest.mark.anyio
+async def test_native_reply_is_bounced_with_the_open_asks_listed(rig: Rig) -> None:
+    a1 = await rig.receiver.receive(msg("ask-1", kind=Kind.ASK, text="first question"))
+    a2 = await rig.receiver.receive(msg("ask-2", kind=Kind.ASK, text="second question"))
+    assert a1.state is M.ACCEPTED
+    assert a2.state is M.ACCEPTED
+    before = len(rig.fake.writes)
+    native = msg("native-1", sender=SELF_NATIVE, text="the answer is 42\nmore", native=True)
+    result = await rig.receiver.receive(native)
+    assert result.state is M.BOUNCED
+    assert rig.states("native-1") == ["bounced"]
+    # Nothing was forwarded anywhere; the session got one notice listing both asks.
+    notice = rig.fake.writes[before:]
+    assert len(notice) == 1
+    assert notice[0].delivery.message.sender.name == "crosstalk"
+    assert notice[0].delivery.message.sender.ingress is Ingress.LOCAL
+    text = notice[0].text
+    assert "the answer is 42" in text
+    assert "more" not in text.split("the answer is 42", 1)[1].split("\n", 1)[0]
+    assert "ask-1" in text
+    assert "ask-2" in text
+    # The asks stay open with their routes: only the reply tool answers them.
+    assert rig.receiver.entries["ask-1"].ask is AskState.OPEN
+    assert rig.receiver.entries["ask-2"].ask is AskState.OPEN
+    # A native answer to the bounce notice is bounced again, not delivered.
+    again = await rig.receiver.receive(msg("native-2", sender=SELF_NATIVE, text="ok",
+                                           native=True))
+    assert again.state is M.BOUNCED
+    assert len(rig.fake.writes) == before + 2
+    assert all(w.delivery.message.sender.ingress is Ingress.LOCAL
+               for w in rig.fake.writes[before:])
+
+
+@pytest.mark.seed(5)
+@pytest.mark.anyio
+async def test_bounce_notice_omits_answered_asks_and_survives_restart(rig: Rig) -> None:
+    await rig.receiver.receive(msg("ask-open", kind=Kind.ASK, text="q1"))
+    await rig.receiver.receive(msg("ask-done", kind=Kind.ASK, text="q2"))
+    rig.receiver.close_ask("ask-done", AskState.ANSWERED, "answered already")
+    rig.restart()
+    await rig.receiver.receive(msg("native-3", sender=SELF_NATIVE, text="hi", native=True))
+    text = rig.fake.writes[-1].text
+    assert "ask-open" in text
+    assert "ask-done" not in text
+    assert rig.states("native-3") == ["bounced"]
