@@ -149,3 +149,53 @@ async def test_second_start_of_one_session_is_refused(tmp_path: Path,
     assert a.descriptor is not None
     assert a.descriptor.uds_path is not None
     assert not Path(a.descriptor.uds_path).exists()
+
+
+@pytest.mark.seed(5)
+async def test_native_reply_from_the_agents_own_session_is_bounced(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """A real process stands in for Claude session B (B's harness_pid) and answers natively."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c",
+        "import socket, sys\n"
+        "path, payload = sys.stdin.readline().strip(), sys.stdin.readline()\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(path)\n"
+        "s.sendall(payload.encode()); s.shutdown(socket.SHUT_WR)\n"
+        "print(repr(s.recv(100)), flush=True)\n",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob",
+                             harness_pid=child.pid), env=env)
+    await a.start()
+    await b.start()
+    try:
+        asked = await a.send("bob", "which test is flaky?", kind="ask", until_delivered=True)
+        assert asked.state == "accepted"
+        assert b.descriptor is not None
+        assert b.descriptor.uds_path is not None
+        frame = json.dumps({"type": "user", "message": {"role": "user", "content": (
+            f'<cross-session-message from="uds:{b.descriptor.uds_path}" from-name="bob" '
+            'from-mode="prompting">\ntest_retry, I think\n</cross-session-message>')},
+            "msgV": 1, "from": f"uds:{b.descriptor.uds_path}"})
+        assert child.stdin is not None
+        assert child.stdout is not None
+        child.stdin.write(f"{b.descriptor.uds_path}\n{frame}\n".encode())
+        await child.stdin.drain()
+        reply = await asyncio.wait_for(child.stdout.readline(), 30)
+        assert reply.strip() == b"b''"  # native senders never get a byte back
+        assert b.uds is not None
+        await b.uds.settle()
+        texts = harness_of(b).texts()
+        assert texts[0] == "which test is flaky?"
+        assert len(texts) == 2
+        assert "test_retry, I think" in texts[1]
+        assert asked.message_id in texts[1]
+        assert harness_of(a).texts() == []  # never forwarded to the asker
+        assert b.receiver is not None
+        assert b.receiver.entries[asked.message_id].ask is AskState.OPEN
+    finally:
+        await a.stop()
+        await b.stop()
+        await child.wait()
+
