@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -24,12 +24,20 @@ from crosstalk.a2a.server import A2AServer
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
+from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.naming import name_candidates
-from crosstalk.core.policy import ClaimState, TargetRole
-from crosstalk.core.states import AskState, MessageState, ReplyState
+from crosstalk.core.policy import (
+    ClaimState,
+    ControlResult,
+    TargetRole,
+    Verdict,
+    check_claim,
+    check_release,
+)
+from crosstalk.core.states import AskState, ClaimStatus, MessageState, ReplyState
 from crosstalk.harness.base import Binding, Harness
 from crosstalk.ingress.uds import UdsIngress
-from crosstalk.receiver import Receiver
+from crosstalk.receiver import Receiver, ReceiverUnavailable
 from crosstalk.store.journal import Journal, JournalError
 from crosstalk.store.registry import (
     Descriptor,
@@ -42,6 +50,10 @@ from crosstalk.store.registry import (
 
 log = logging.getLogger(__name__)
 _SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
+#: The journal record type of a claim on this agent (seed §5 "claims on this agent").
+CLAIM_RECORD = "claim"
+#: Who the target session is told a claim or release came through.
+CROSSTALK_SENDER = Sender(agent_id=None, name="crosstalk", ingress=Ingress.LOCAL)
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,8 @@ class Agent:
         return self.registration.token
 
     def _target_role(self) -> TargetRole:
-        return TargetRole(self.claim.role, self.claim.owner)
+        claim = self.effective_claim()
+        return TargetRole(claim.role, claim.owner)
 
     async def start(self) -> NameChoice:
         spec = self.spec
@@ -123,6 +136,7 @@ class Agent:
             await self.uds.start()
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, limits=self.limits)
+            self._wire_claims(records)
             self.a2a.restore(records, resumable)
             url = await self.a2a.start()
             cred = reg.issue_credential()
@@ -179,6 +193,124 @@ class Agent:
             self.journal.append(record)
         except JournalError:
             log.warning("agent %s: could not journal %s", self.agent_id, record.get("type"))
+
+    # -- claims (seed §7): this agent as a claim's target -----------------------------------
+
+    def _wire_claims(self, records: list[dict[str, Any]]) -> None:
+        """At start, after the A2A server exists: claims from *this* session only, and the
+        server's control hook. (One line in :meth:`start`; kept apart so it stays one.)"""
+        self.claim = _claim_state(records, (self.spec.harness.name, self.spec.session_ref))
+        if self.a2a is not None:
+            self.a2a.control_handler = self.apply_control
+
+    def effective_claim(self) -> ClaimState:
+        """The claim as policy sees it: an owner that is no longer registered counts as absent
+        (:meth:`Registry.live_owner`); the journaled claim itself is kept."""
+        if self.claim.owner is None or self.registry.live_owner(self.claim.owner) is not None:
+            return self.claim
+        return ClaimState()
+
+    async def apply_control(self, sender: Sender, op: str) -> ControlResult:
+        """A verified peer's claim or release of this agent (the A2A server's control hook).
+
+        Check -> journal -> adopt -> republish -> tell the session. Check, journal write and
+        adoption run without an ``await`` in between, so two concurrent claims cannot both
+        pass the check. The journal record is the claim: if it cannot be written nothing
+        changes. A descriptor that fails to republish is logged (policy reads the journaled
+        state, not the descriptor); the session's notice is best effort and its receiver
+        state is reported.
+        """
+        current = self.effective_claim()
+        if self.journal is None or self.receiver is None:
+            return ControlResult(False, "not_registered", current.role, current.owner,
+                                 failed=True)
+        if op == "claim":
+            verdict = check_claim(sender, self.agent_id, current)
+            owner, status = sender.agent_id, ClaimStatus.CLAIMED
+        elif op == "release":
+            verdict = check_release(sender, self.agent_id, current)
+            owner, status = None, ClaimStatus.RELEASED
+        else:
+            verdict, owner, status = Verdict.deny("bad_control"), None, ClaimStatus.RELEASED
+        if not verdict.ok:
+            return ControlResult(False, verdict.reason, current.role, current.owner)
+        binding = self.receiver.binding
+        record = {"type": CLAIM_RECORD, "subject": "claim", "id": self.agent_id,
+                  "state": status.value, "owner": owner, "by": sender.agent_id,
+                  "by_name": sender.name, "op": op,
+                  "previous": self.claim.owner if self.claim.owner != owner else None,
+                  "binding": binding.as_record() if binding is not None else None}
+        try:
+            self.journal.append(record)
+        except JournalError as exc:
+            log.error("agent %s: %s by %s not journaled: %s", self.agent_id, op,
+                      sender.agent_id, exc)
+            return ControlResult(False, "journal_unavailable", current.role, current.owner,
+                                 failed=True)
+        self.claim = ClaimState(owner)
+        self._publish_claim()
+        notice = await self._tell_session(sender, op)
+        return ControlResult(True, None, self.claim.role, self.claim.owner, notice=notice)
+
+    def _publish_claim(self) -> None:
+        reg = self.registration
+        base = reg.descriptor if reg is not None else None
+        base = base or self.descriptor
+        if reg is None or base is None:
+            return
+        updated = replace(base, role=self.claim.role, owner=self.claim.owner)
+        try:
+            reg.publish(updated)
+        except (OSError, RegistryError) as exc:
+            log.error("agent %s: descriptor not republished after a claim change (%s); "
+                      "list_agents shows the old role until the next publish", self.agent_id,
+                      exc)
+            return
+        self.descriptor = updated
+
+    async def _tell_session(self, by: Sender, op: str) -> str | None:
+        """Inject the claim/release notice (an inform from the shim itself, journaled)."""
+        if self.receiver is None:
+            return None
+        who = f"{by.name or 'an agent'} (agent {by.agent_id})"
+        text = (f"{who} has claimed this session as its subagent: only it may send you "
+                "commands now." if op == "claim"
+                else f"{who} has released this session; it is a primary again.")
+        msg = Message(message_id=new_message_id(), sender=CROSSTALK_SENDER, text=text,
+                      kind=Kind.INFORM, sent_at=self.clock())
+        try:
+            result = await self.receiver.receive(msg)
+        except ReceiverUnavailable as exc:
+            log.warning("agent %s: %s notice not delivered: %s", self.agent_id, op, exc)
+            return "not_journaled"
+        return result.state.value
+
+    # -- claims (seed §7): this agent as the claimer -----------------------------------------
+
+    async def control_peer(self, to: str, op: str) -> tuple[Descriptor | None,
+                                                              a2a_client.ControlOutcome]:
+        """Claim or release the agent named ``to`` (name or agent_id), as this agent.
+
+        An agent never claims or releases itself: refused here, without a round trip. The
+        target decides everything else; identity travels only as this agent's bearer token.
+        """
+        targets = self.registry.find(to)
+        if len(targets) != 1:
+            reason = "no_such_agent" if not targets else "ambiguous_name"
+            return None, a2a_client.ControlOutcome(False, "rejected", reason)
+        target = targets[0]
+        if target.agent_id == self.agent_id:
+            reason = "cannot_claim_self" if op == "claim" else "cannot_release_self"
+            return target, a2a_client.ControlOutcome(False, "rejected", reason)
+        if target.a2a_url is None:
+            return target, a2a_client.ControlOutcome(False, "unreachable", "no_a2a_listener")
+        if self._http is None:
+            self._http = a2a_client.new_http_client()
+        text = (f"{self.name} asks to {op} this session (a CrossTalk control request; "
+                "it is applied by the shim, never delivered as a message).")
+        outcome = await a2a_client.control(target.a2a_url, self.token, op, text=text,
+                                           expect_name=target.name, httpx_client=self._http)
+        return target, outcome
 
     # -- reply: the staged transaction (seed R4-R8) ---------------------------------------
 
@@ -279,12 +411,24 @@ def _reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return replies
 
 
-def _claim_state(records: list[dict[str, Any]]) -> ClaimState:
-    """The latest claim record in an agent's journal decides its role (seed §7)."""
+def _claim_state(records: list[dict[str, Any]],
+                 session: tuple[str, str] | None = None) -> ClaimState:
+    """The latest claim record in an agent's journal decides its role (seed §7).
+
+    With ``session`` = (harness, session_ref), only records journaled under that session
+    count: a resume of the same session keeps its claim (the journal replays it, seed §9),
+    but a claim recorded under another binding never applies to this one.
+    """
     owner: str | None = None
     for rec in records:
-        if rec.get("type") == "claim":
-            value = rec.get("owner")
-            owner = value if isinstance(value, str) else None
+        if rec.get("type") != CLAIM_RECORD:
+            continue
+        if session is not None:
+            binding = rec.get("binding")
+            if not isinstance(binding, dict) or (
+                    binding.get("harness"), binding.get("session_ref")) != session:
+                continue
+        value = rec.get("owner")
+        owner = value if isinstance(value, str) else None
     return ClaimState(owner)
 

@@ -95,13 +95,15 @@ TOOLS: list[types.Tool] = [
     ),
     types.Tool(
         name="claim",
-        description=("Claim an unclaimed agent as your subagent (you become its owner, and only "
-                     "you may send it commands)."),
+        description=("Claim an unclaimed agent as your subagent: you become its owner, only "
+                     "you may send it commands, and it is told. Only a primary may claim; "
+                     "an agent never claims itself or one that another agent owns."),
         input_schema=_schema({"name": _TO}, ["name"]),
     ),
     types.Tool(
         name="release",
-        description="Release an agent you own; it becomes a primary again.",
+        description=("Release an agent you own; it becomes a primary again and is told. Only "
+                     "its owner may release it."),
         input_schema=_schema({"name": _TO}, ["name"]),
     ),
 ]
@@ -207,14 +209,16 @@ class Tools:
 
     def list_agents(self) -> list[dict[str, Any]]:
         listed, _ = self.shim.registry.scan()
+        live = [item.descriptor for item in listed if item.liveness is Liveness.LIVE]
+        live_ids = {d.agent_id for d in live}
         rows = []
-        for item in listed:
-            if item.liveness is not Liveness.LIVE:
-                continue
-            d = item.descriptor
+        for d in live:
+            # An owner that is no longer registered holds nothing (Registry.live_owner).
+            owner = d.owner if d.owner in live_ids else None
+            role = d.role if owner is not None else "primary"
             rows.append({"name": d.name, "agent_id": d.agent_id, "harness": d.harness,
                          "cwd": d.cwd, "status": "unknown", "crosstalk": True,
-                         "reachable": d.a2a_url is not None, "role": d.role, "owner": d.owner})
+                         "reachable": d.a2a_url is not None, "role": role, "owner": owner})
         return sorted(rows, key=lambda r: (r["name"], r["agent_id"]))
 
     # -- sending -------------------------------------------------------------------------
@@ -286,13 +290,47 @@ class Tools:
 
     async def claim(self, agent: Agent, identity: Identity,
                     args: Mapping[str, Any]) -> dict[str, Any]:
-        _req_str(args, "name")
-        raise ToolError("not_available", "claim is not available in this build yet")
+        return await self._control(agent, _req_str(args, "name"), "claim")
 
     async def release(self, agent: Agent, identity: Identity,
                       args: Mapping[str, Any]) -> dict[str, Any]:
-        _req_str(args, "name")
-        raise ToolError("not_available", "release is not available in this build yet")
+        return await self._control(agent, _req_str(args, "name"), "release")
+
+    async def _control(self, agent: Agent, name: str, op: str) -> dict[str, Any]:
+        """Ask the target's shim to apply the claim/release; only the target decides (§7)."""
+        target, out = await agent.control_peer(name, op)
+        where = {"name": target.name, "agent_id": target.agent_id} if target else {"name": name}
+        if out.ok:
+            return {"ok": True, **where, "role": out.role, "owner": out.owner}
+        reason = out.reason or out.state
+        if out.state in ("unreachable", "unknown") and reason not in _CONTROL_HINTS:
+            # The transport's detail (connect_failed, timeout, ...) goes in the hint; the
+            # reason a model branches on is the state.
+            detail, reason = reason, out.state
+        else:
+            detail = None
+        hint = _CONTROL_HINTS.get(reason, "")
+        if detail:
+            hint = f"{hint} ({detail})" if hint else detail
+        raise ToolError(reason, hint or None, **where)
+
+
+_CONTROL_HINTS = {
+    "no_such_agent": "no live agent has that name or id; call list_agents",
+    "ambiguous_name": "several agents match; use an agent_id from list_agents",
+    "cannot_claim_self": "an agent can never claim itself",
+    "cannot_release_self": "an agent can never release itself; only its owner can",
+    "already_claimed": "another agent owns it; only its owner can release it",
+    "claimer_not_primary": "only a primary may claim; this session is itself a subagent",
+    "not_owner": "only the agent that claimed it may release it",
+    "not_claimed": "it is not claimed (or its owner is gone): nothing to release",
+    "sender_unverified": "the target could not verify this session's registration",
+    "journal_unavailable": "the target could not record the change; nothing changed",
+    "control_not_supported": "that agent's CrossTalk does not support claims",
+    "no_a2a_listener": "that agent has no A2A listener to receive the request",
+    "unreachable": "the request could not be delivered; nothing changed",
+    "unknown": "the request was sent but no answer came; check list_agents",
+}
 
 
 def _str_keys(args: Mapping[str, Any]) -> list[str]:

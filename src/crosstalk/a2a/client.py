@@ -159,6 +159,69 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
         return SendResult(mid, state, reason)
 
 
+@dataclass(frozen=True)
+class ControlOutcome:
+    """The answer to a claim/release request (``crosstalk.control_result``), or why none came.
+
+    ``state`` is ``accepted`` when the target answered (whatever it decided: read ``ok``),
+    else the send state of the failure (``rejected``, ``unreachable`` or ``unknown``: the
+    request may have been applied, check the target's descriptor).
+    """
+
+    ok: bool
+    state: str
+    reason: str | None = None
+    role: str | None = None
+    owner: str | None = None
+    notice: str | None = None
+
+
+async def control(url: str, token: str, op: str, *, text: str,
+                  timeout: float = DEFAULT_TIMEOUT, expect_name: str | None = None,
+                  httpx_client: httpx.AsyncClient | None = None) -> ControlOutcome:
+    """Send a claim/release control request to the agent at ``url`` as ``token``'s agent.
+
+    Only to a peer whose card lists :data:`wire.CONTROL_EXTENSION`: any other peer would take
+    the request for a plain message and put ``text`` into its session.
+    """
+    if op not in wire.CONTROL_OPS:
+        raise ValueError(f"unknown control operation {op!r}")
+    message = pb.Message(message_id=new_message_id(), role=pb.ROLE_USER,
+                         parts=[pb.Part(text=text)])
+    message.metadata.update(wire.encode_request_metadata(control=op))
+    request = pb.SendMessageRequest(message=message,
+                                    configuration=pb.SendMessageConfiguration())
+    sent = False
+    try:
+        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client,
+                            expect_name=expect_name,
+                            require_extension=wire.CONTROL_EXTENSION) as (client, ctx):
+            sent = True
+            async for event in client.send_message(request, context=ctx):
+                if event.HasField("task"):
+                    return _control_outcome(event.task)
+            return ControlOutcome(False, "unknown", "no_task_in_response")
+    except _Refused as exc:
+        return ControlOutcome(False, exc.state, exc.reason)
+    except (A2AError, httpx.HTTPError) as exc:
+        state, reason = classify_error(exc, sent=sent)
+        return ControlOutcome(False, state, reason)
+
+
+def _control_outcome(task: pb.Task) -> ControlOutcome:
+    meta = MessageToDict(task.metadata) if task.HasField("metadata") else {}
+    result = meta.get(wire.CONTROL_RESULT)
+    if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
+        return ControlOutcome(False, "unknown", "no_control_result")
+
+    def opt(key: str) -> str | None:
+        value = result.get(key)
+        return value if isinstance(value, str) else None
+
+    return ControlOutcome(result["ok"], "accepted", opt("reason"), opt("role"), opt("owner"),
+                          opt("notice"))
+
+
 async def get_task(url: str, token: str, task_id: str, *, timeout: float = DEFAULT_TIMEOUT,
                    history_length: int | None = None,
                    httpx_client: httpx.AsyncClient | None = None) -> SendResult:
@@ -302,8 +365,9 @@ def new_http_client(timeout: float = 30.0) -> httpx.AsyncClient:
 @asynccontextmanager
 async def _connect(url: str, token: str, *, timeout: float,
                    httpx_client: httpx.AsyncClient | None = None,
-                   expect_name: str | None = None) -> AsyncIterator[tuple[Client,
-                                                                           ClientCallContext]]:
+                   expect_name: str | None = None,
+                   require_extension: str | None = None) -> AsyncIterator[
+                       tuple[Client, ClientCallContext]]:
     """Resolve the card and build the SDK client that presents ``token`` as a bearer."""
     own = httpx_client is None
     http = httpx_client or httpx.AsyncClient(
@@ -316,6 +380,9 @@ async def _connect(url: str, token: str, *, timeout: float,
             http_kwargs={"timeout": min(timeout, _CONNECT_TIMEOUT * 2)})
         if expect_name is not None and card.name != expect_name:
             raise _Refused("unreachable", "peer_changed")
+        if require_extension is not None and not any(
+                e.uri == require_extension for e in card.capabilities.extensions):
+            raise _Refused("rejected", "control_not_supported")
         interfaces = [i for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"]
         if not interfaces or not all(_same_origin(i.url, url) for i in interfaces):
             raise _Refused("unreachable", "card_url_mismatch")

@@ -32,6 +32,14 @@ Task semantics (ADR 0004):
 - Dispatch runs in one ordered lane per agent, so a message waits SUBMITTED (and cancelable)
   until the messages before it were injected; CancelTask wins exactly when it runs before
   the lane's dispatch claim (seed 22).
+
+Control requests (claim/release, seed §7): a SendMessage whose metadata carries
+``crosstalk.control`` is authenticated like any other (the bearer names the claimer), then
+handed to ``control_handler`` instead of the receiver chain: it never reaches the session as
+a message. Its answer is a task created already terminal — COMPLETED when the claim or
+release took effect, REJECTED when policy refused it, FAILED when the target could not record
+it — with ``crosstalk.control_result`` in its metadata. That task is not stored (GetTask does
+not find it): the durable record is the claim in the target's journal.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ from crosstalk.a2a.taskstore import (
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Ingress, Kind, Message, Sender
+from crosstalk.core.policy import PRIMARY, SUBAGENT, ControlResult
 from crosstalk.core.states import AskState, IllegalTransition, MessageState, TaskState
 from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result, message_from_record
 from crosstalk.store.journal import JournalError
@@ -124,6 +133,9 @@ _MAX_TOKEN_LEN = 512
 #: the client is not cut off mid-write (it would see a reset, i.e. "unknown", not "rejected").
 _DRAIN_FACTOR = 64
 _NAMESPACE = uuid.UUID("5d1d8e4e-3a39-4d51-9a43-2f1c0c7e8a11")
+
+#: Applies a verified sender's claim/release (``"claim"`` | ``"release"``) at this agent.
+ControlHandler = Callable[[Sender, str], Awaitable[ControlResult]]
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -411,7 +423,8 @@ class A2AServer:
                  limits: Limits | None = None, description: str | None = None,
                  max_wait_seconds: float = 900.0, expire_asks: bool = True,
                  dispatch_grace_seconds: float = 2.0,
-                 retention_seconds: float = RETENTION_SECONDS) -> None:
+                 retention_seconds: float = RETENTION_SECONDS,
+                 control_handler: ControlHandler | None = None) -> None:
         if agent_id != receiver.agent_id:
             raise ValueError("the server and its receiver must belong to one agent")
         self.receiver = receiver
@@ -426,6 +439,8 @@ class A2AServer:
         self.expire_asks = expire_asks
         self.dispatch_grace_seconds = dispatch_grace_seconds
         self.retention_seconds = retention_seconds
+        #: Claim/release handler (set by the Agent); ``None`` refuses control requests.
+        self.control_handler = control_handler
         self.store = JournalTaskStore(receiver.journal, clock=receiver.clock)
         self.url = "http://127.0.0.1"
         self._pending: dict[str, _Pending] = {}
@@ -558,8 +573,13 @@ class A2AServer:
             version=__version__,
             supported_interfaces=[pb.AgentInterface(
                 url=self.url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_1_0)],
-            capabilities=pb.AgentCapabilities(streaming=False, push_notifications=False,
-                                              extended_agent_card=False),
+            capabilities=pb.AgentCapabilities(
+                streaming=False, push_notifications=False, extended_agent_card=False,
+                extensions=[pb.AgentExtension(
+                    uri=wire.CONTROL_EXTENSION, required=False,
+                    description=("claim/release control requests (metadata "
+                                 f"{wire.CONTROL}); never delivered as messages"))]
+                if self.control_handler is not None else []),
             security_schemes={"bearer": pb.SecurityScheme(
                 http_auth_security_scheme=pb.HTTPAuthSecurityScheme(
                     scheme="bearer",
@@ -602,8 +622,10 @@ class A2AServer:
                 self._token_cache[key] = (now + _TOKEN_CACHE_SECONDS, desc)
         if desc is None:
             return None
-        return Sender(agent_id=desc.agent_id, name=desc.name, role=desc.role,
-                      ingress=Ingress.A2A)
+        role = desc.role
+        if role == SUBAGENT and self.registry.live_owner(desc.owner) is None:
+            role = PRIMARY  # its owner is gone: nobody holds the claim (Registry.live_owner)
+        return Sender(agent_id=desc.agent_id, name=desc.name, role=role, ingress=Ingress.A2A)
 
     # -- SendMessage -------------------------------------------------------------------
 
@@ -615,6 +637,8 @@ class A2AServer:
         validate_history_length(params.configuration)
         wait = not params.configuration.return_immediately
         msg_in = params.message
+        if msg_in.HasField("metadata") and wire.CONTROL in msg_in.metadata.fields:
+            return await self._control(params, sender)
         if msg_in.task_id:
             return await self._continue(params, sender, wait, context)
         fields, text = self._decode(msg_in)
@@ -658,6 +682,44 @@ class A2AServer:
         finally:
             if waiting:
                 self.receiver.admission.release_wait()
+
+    async def _control(self, params: pb.SendMessageRequest, sender: Sender) -> pb.Task:
+        """A claim/release: the handler decides, the answer is an unstored terminal task."""
+        msg_in = params.message
+        fields, _ = self._decode(msg_in)
+        if fields.control is None:
+            raise _invalid("bad_control", f"{wire.CONTROL} must be claim or release")
+        if msg_in.task_id:
+            raise _invalid("bad_control", "a control request cannot continue a task")
+        handler = self.control_handler
+        if handler is None:
+            raise rejected_error("control_not_supported")
+        try:
+            result = await handler(sender, fields.control)
+        except Exception as exc:
+            log.exception("control %s from %s failed", fields.control, sender.agent_id)
+            raise InternalError(message=f"control failed: {type(exc).__name__}") from exc
+        task_id = str(uuid.uuid4())
+        context_id = msg_in.context_id or str(uuid.uuid4())
+        state = (T.COMPLETED if result.ok else T.FAILED if result.failed else T.REJECTED)
+        verb = "claimed" if fields.control == "claim" else "released"
+        summary = (f"{verb}: {self.name} is now {result.role}" if result.ok
+                   else f"not {verb}: {result.reason or 'no reason given'}")
+        status = pb.Message(message_id=str(uuid.uuid5(_NAMESPACE, f"{task_id}:control")),
+                            context_id=context_id, task_id=task_id, role=pb.ROLE_AGENT,
+                            parts=[pb.Part(text=summary)])
+        task = pb.Task(id=task_id, context_id=context_id,
+                       status=pb.TaskStatus(state=wire_state(state), message=status),
+                       history=[_inbound_copy(msg_in, task_id, context_id), status])
+        meta: dict[str, Any] = {
+            wire.MESSAGE_ID: msg_in.message_id,
+            wire.STATE: M.ACCEPTED.value if result.ok else M.REJECTED.value,
+            wire.CONTROL_RESULT: result.to_dict()}
+        if result.reason:
+            meta[wire.REASON] = result.reason
+        task.metadata.update(meta)
+        _stamp(task, self.receiver.clock())
+        return apply_history_length(task, params.configuration)
 
     def _decode(self, msg_in: pb.Message) -> tuple[wire.RequestFields, str]:
         if not wire.valid_id(msg_in.message_id):

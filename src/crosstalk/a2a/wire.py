@@ -2,7 +2,12 @@
 metadata namespace, shared by the server and the client.
 
 On a request every key is optional: a plain text ``SendMessage`` with no metadata is an
-``inform`` delivered ``immediate``. On a task the server reports, per the message the task
+``inform`` delivered ``immediate``. ``crosstalk.control`` (``claim`` | ``release``) turns the
+request into a control request (seed §7 claims): it never reaches the session as a message;
+the server answers it with a task whose ``crosstalk.control_result`` says what happened, and
+a server that handles it advertises :data:`CONTROL_EXTENSION` on its Agent Card.
+
+On a task the server reports, per the message the task
 is currently about, its receiver state (``crosstalk.state``), the reason, and on completion
 what completed it (``crosstalk.completion``: ``delivered`` or ``answered``).
 """
@@ -12,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from crosstalk.core.message import DeliveryMode, Kind
@@ -23,6 +28,7 @@ DELIVERY = "crosstalk.delivery"
 DEADLINE = "crosstalk.deadline_seconds"
 HOP_CHAIN = "crosstalk.hop_chain"
 IN_REPLY_TO = "crosstalk.in_reply_to"
+CONTROL = "crosstalk.control"
 
 # task metadata (Task.metadata), written by the server
 MESSAGE_ID = "crosstalk.message_id"
@@ -31,6 +37,14 @@ REASON = "crosstalk.reason"
 COMPLETION = "crosstalk.completion"
 ASK = "crosstalk.ask"
 TASK_KIND = "crosstalk.kind"
+#: On a control request's task: {"ok": bool, "reason": str|None, "role": str, "owner": str|None}
+CONTROL_RESULT = "crosstalk.control_result"
+
+#: The control operations (claim/release, seed §7) and the Agent Card extension that says a
+#: server handles them. A client sends a control request only to a card that lists it: a peer
+#: that does not know ``crosstalk.control`` would deliver the request's text as an inform.
+CONTROL_OPS = ("claim", "release")
+CONTROL_EXTENSION = "urn:crosstalk:a2a:control:1"
 
 #: JSON-RPC error data key carrying CrossTalk's reason (inside google.rpc.ErrorInfo metadata).
 ERROR_REASON = "reason"
@@ -60,6 +74,8 @@ class RequestFields:
     deadline_seconds: int = 0
     hop_chain: tuple[str, ...] = ()
     in_reply_to: str | None = None
+    #: ``claim`` | ``release`` on a control request, else ``None``.
+    control: str | None = None
 
 
 def valid_id(value: str) -> bool:
@@ -109,14 +125,31 @@ def decode_request_metadata(meta: Mapping[str, Any]) -> RequestFields:
         if not isinstance(reply_raw, str) or not valid_id(reply_raw):
             raise MetadataError("bad_in_reply_to", f"{IN_REPLY_TO} must be a message id")
         in_reply_to = reply_raw
-    return RequestFields(kind, delivery, deadline, hops, in_reply_to)
+    fields = RequestFields(kind, delivery, deadline, hops, in_reply_to)
+    control = _decode_control(meta.get(CONTROL), fields)
+    return fields if control is None else replace(fields, control=control)
+
+
+def _decode_control(raw: Any, fields: RequestFields) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or raw not in CONTROL_OPS:
+        raise MetadataError("bad_control", f"{CONTROL} must be claim or release")
+    if fields != RequestFields():
+        # A control request is not a message: nothing about delivery applies to it, and a
+        # combination is a confused (or probing) client, refused rather than guessed at.
+        raise MetadataError("bad_control", f"{CONTROL} cannot be combined with message metadata")
+    return raw
 
 
 def encode_request_metadata(*, kind: str = "inform", delivery: str = "immediate",
                             deadline_seconds: int = 0, in_reply_to: str | None = None,
-                            hop_chain: list[str] | None = None) -> dict[str, Any]:
+                            hop_chain: list[str] | None = None,
+                            control: str | None = None) -> dict[str, Any]:
     """The metadata a CrossTalk client puts on a message (defaults are left out)."""
     meta: dict[str, Any] = {}
+    if control is not None:
+        meta[CONTROL] = control
     if kind != Kind.INFORM.value:
         meta[KIND] = kind
     if delivery != DeliveryMode.IMMEDIATE.value:

@@ -106,3 +106,28 @@ def check_release(releaser: Sender, target_id: str, current: ClaimState) -> Verd
     if current.owner != releaser.agent_id:
         return Verdict.deny("not_owner")
     return Verdict.allow()
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """What a claim or release did at the target (the A2A ``crosstalk.control_result``).
+
+    ``role``/``owner`` are the target's state after the request (unchanged when refused).
+    ``failed`` marks a refusal that is the target's own fault (its journal refused the
+    record), not a verdict: the same request may succeed later. ``notice`` is the receiver
+    state of the inform that told the target session (``None`` when nothing was sent).
+    """
+
+    ok: bool
+    reason: str | None
+    role: str
+    owner: str | None
+    failed: bool = False
+    notice: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"ok": self.ok, "reason": self.reason, "role": self.role,
+                                  "owner": self.owner}
+        if self.notice is not None:
+            out["notice"] = self.notice
+        return out

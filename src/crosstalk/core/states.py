@@ -19,6 +19,10 @@ Subjects:
 - ``task``: an A2A task at the receiving agent (journal-backed task store, seed S12).
 - ``reply``: the staged forward of an answer back to the asker: ``pending`` until it is
   ``forwarded`` or definitely ``unreachable``.
+- ``claim``: this agent's owner (seed §7), keyed by the agent's own id: ``claimed`` (by an
+  owner; a claim over an owner that is gone is ``claimed`` -> ``claimed``) until ``released``.
+  ``claimed`` counts as unresolved so retention never drops the record that makes an agent a
+  subagent; a released claim ages out like anything else.
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ class ReplyState(StrEnum):
     UNREACHABLE = "unreachable"
 
 
+class ClaimStatus(StrEnum):
+    CLAIMED = "claimed"
+    RELEASED = "released"
+
+
 class IllegalTransition(ValueError):
     """A subject was asked to move along an edge the table does not have."""
 
@@ -97,6 +106,7 @@ M = MessageState
 A = AskState
 R = ReplyState
 T = TaskState
+C = ClaimStatus
 
 MACHINES: Mapping[str, Machine] = {
     "message": _m(
@@ -136,6 +146,11 @@ MACHINES: Mapping[str, Machine] = {
         initial={R.PENDING},
         edges={R.PENDING: {R.FORWARDED, R.UNREACHABLE}, R.FORWARDED: set(), R.UNREACHABLE: set()},
         unresolved={R.PENDING},
+    ),
+    "claim": _m(
+        initial={C.CLAIMED},
+        edges={C.CLAIMED: {C.RELEASED, C.CLAIMED}, C.RELEASED: {C.CLAIMED}},
+        unresolved={C.CLAIMED},
     ),
 }
 

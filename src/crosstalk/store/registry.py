@@ -278,6 +278,30 @@ class Registry:
                 return d
         return None
 
+    def live_descriptor(self, agent_id: str) -> Descriptor | None:
+        """``agent_id``'s descriptor if its owner is live, else ``None`` (one file, no scan)."""
+        if not is_agent_id(agent_id):
+            return None
+        try:
+            desc = read_descriptor(self.descriptor_path(agent_id))
+        except (OSError, DescriptorError):
+            return None
+        if desc.agent_id != agent_id or liveness(desc) is not Liveness.LIVE:
+            return None
+        return desc
+
+    def live_owner(self, owner: str | None) -> str | None:
+        """A claim's owner as policy sees it: an owner no longer registered counts as absent.
+
+        A claim ends with the *target's* session (seed §7); its owner can go away first (its
+        session ended, or its shim is restarting). Until the owner is live again (same
+        session, same agent_id) nobody holds the claim: the target is a primary to policy,
+        and another primary may claim it.
+        """
+        if owner is None or self.live_descriptor(owner) is None:
+            return None
+        return owner
+
     def holder_of(self, name: str) -> Descriptor | None:
         """The live registration currently using ``name``, if any."""
         for d in self.live():
