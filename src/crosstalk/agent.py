@@ -9,6 +9,7 @@ reverse and removes only what this instance wrote.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -92,6 +93,7 @@ class Agent:
         self.descriptor: Descriptor | None = None
         self._http: httpx.AsyncClient | None = None
         self._replies: dict[str, dict[str, Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -153,6 +155,7 @@ class Agent:
                 pid_domain=proc.pid_domain(),
             )
             reg.publish(self.descriptor)
+            self._resume_replies()
         except BaseException:
             await self.stop()
             raise
@@ -163,6 +166,10 @@ class Agent:
         reg, self.registration = self.registration, None
         if reg is not None:
             reg.close()  # removes our descriptor and token only if they are still ours
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         if self.a2a is not None:
             with contextlib.suppress(Exception):
                 await self.a2a.stop()
@@ -340,29 +347,61 @@ class Agent:
             raise ReplyRefused("ask_closed", "the ask's deadline passed or it was closed; "
                                "send_message reaches the asker if it still matters")
         else:
-            prior = {"reply_id": new_message_id(), "text": text,
+            prior = {"reply_id": new_message_id(), "text": text, "to": entry.sender.agent_id,
                      "state": ReplyState.PENDING.value, "result": {}}
-            self.journal.append({"subject": "reply", "id": message_id, "state": "pending",
-                                 "reply_id": prior["reply_id"], "text": text,
-                                 "to": entry.sender.agent_id, "refs": [message_id]})
+            try:
+                self.journal.append({"subject": "reply", "id": message_id, "state": "pending",
+                                     "reply_id": prior["reply_id"], "text": text,
+                                     "to": entry.sender.agent_id, "refs": [message_id]})
+            except JournalError:
+                raise ReplyRefused("journal_unavailable", "the reply could not be recorded; "
+                                   "nothing was sent, try again") from None
             self._replies[message_id] = prior
-        if entry.ask is AskState.OPEN:
-            self.receiver.close_ask(message_id, AskState.ANSWERED, text)
-        return await self._forward_reply(message_id, entry.sender.agent_id, prior)
+        return await self._complete_reply(message_id, prior)
+
+    async def _complete_reply(self, message_id: str, prior: dict[str, Any]) -> dict[str, Any]:
+        """The stages after the obligation: answer the ask (completes its task), forward."""
+        assert self.receiver is not None
+        entry = self.receiver.entries.get(message_id)
+        if entry is not None and entry.ask is AskState.OPEN:
+            self.receiver.close_ask(message_id, AskState.ANSWERED, prior["text"])
+        return await self._forward_reply(message_id, str(prior["to"]), prior)
+
+    def _resume_replies(self) -> None:
+        """Replies a crash left between their stages go on from where they stopped (R5)."""
+        for message_id, prior in self._replies.items():
+            if prior["state"] == ReplyState.PENDING.value and isinstance(prior.get("to"), str):
+                task = asyncio.get_running_loop().create_task(
+                    self._resume_reply(message_id, prior))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _resume_reply(self, message_id: str, prior: dict[str, Any]) -> None:
+        try:
+            await self._complete_reply(message_id, prior)
+        except Exception:
+            log.exception("agent %s: resuming the reply to %s failed", self.agent_id,
+                          message_id)
 
     async def _forward_reply(self, message_id: str, to_agent: str,
                              prior: dict[str, Any]) -> dict[str, Any]:
         assert self.journal is not None
         res = await self.send(to_agent, prior["text"], message_id=prior["reply_id"],
                               in_reply_to=message_id)
+        gone = res.reason in ("no_such_agent", "ambiguous_name")  # the asker is no more
         state = (ReplyState.FORWARDED if res.state in ("accepted", "queued")
-                 else ReplyState.UNREACHABLE if res.state in ("unreachable", "rejected")
+                 else ReplyState.UNREACHABLE if res.state in ("unreachable", "rejected") or gone
                  else ReplyState.PENDING)
         result = {"message_id": prior["reply_id"], "state": res.state if res.state in
                   _SEND_STATES else "unknown", "reason": res.reason, "in_reply_to": message_id}
         if state is not ReplyState.PENDING:
-            self.journal.append({"subject": "reply", "id": message_id, "state": state.value,
-                                 "result": result})
+            try:
+                self.journal.append({"subject": "reply", "id": message_id,
+                                     "state": state.value, "result": result})
+            except JournalError:
+                # Forwarded, but not recorded: a resume re-sends with the same reply id, and
+                # the asker's receiver answers that retry from its dedupe record.
+                log.warning("agent %s: reply outcome not journaled", self.agent_id)
         prior.update(state=state.value, result=result)
         return result
 
@@ -405,7 +444,7 @@ def _reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         if rec.get("state") == ReplyState.PENDING.value:
             replies[rec["id"]] = {"reply_id": rec.get("reply_id"), "text": rec.get("text"),
-                                  "state": "pending", "result": {}}
+                                  "to": rec.get("to"), "state": "pending", "result": {}}
         elif rec["id"] in replies:
             replies[rec["id"]].update(state=rec.get("state"), result=rec.get("result") or {})
     return replies

@@ -15,7 +15,7 @@ import pytest
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.states import AskState
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.store.journal import read_journal
+from crosstalk.store.journal import Journal, read_journal
 from crosstalk.store.registry import AgentBusy, Registry
 
 pytestmark = pytest.mark.anyio
@@ -199,3 +199,44 @@ async def test_native_reply_from_the_agents_own_session_is_bounced(
         await b.stop()
         await child.wait()
 
+
+
+async def test_a_reply_interrupted_after_its_obligation_resumes_once(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """R5: the staged reply goes on from its stage after a restart, and reaches A once."""
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
+    await a.start()
+    await b.start()
+    try:
+        asked = await a.send("bob", "ready to merge?", kind="ask", until_delivered=True)
+        assert asked.state == "accepted"
+        await b.stop()
+        # The crash: the obligation was journaled, nothing after it happened.
+        jpath = reg.home / "journal" / f"{b.agent_id}.jsonl"
+        with Journal(jpath) as j:
+            j.append({"subject": "reply", "id": asked.message_id, "state": "pending",
+                      "reply_id": "0190b000-0000-7000-8000-00000000beef", "text": "yes",
+                      "to": a.agent_id, "refs": [asked.message_id]})
+        for _ in range(2):  # two restarts: the second finds the reply already forwarded
+            b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"),
+                      env=env)
+            await b.start()
+            for _ in range(200):
+                if harness_of(a).texts():
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            await b.stop()
+        assert harness_of(a).texts() == ["yes"]
+        delivered = harness_of(a).writes[0].delivery.message
+        assert delivered.in_reply_to == asked.message_id
+        assert delivered.sender.name == "bob"
+        states = [(r.get("subject"), r.get("state")) for r in read_journal(jpath).records
+                  if r.get("id") == asked.message_id and r.get("subject") in ("ask", "reply")]
+        assert states == [("ask", "open"), ("reply", "pending"), ("ask", "answered"),
+                          ("reply", "forwarded")]
+    finally:
+        await a.stop()
+        await b.stop()
