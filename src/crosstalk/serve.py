@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -74,8 +75,22 @@ async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+                # Inside the stdio context: leaving it may wait on a reader thread blocked on
+                # a stdin that never closes, and the agents must be unpublished regardless.
+                await shim.close()
     finally:
         await shim.close()
+
+
+async def _serve_until_signalled(identifiers: Sequence[Identifier], env: dict[str, str],
+                                 ppid: int | None) -> None:
+    """SIGTERM/SIGINT cancel the serve task, so the shim's cleanup runs (descriptors removed)."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.ensure_future(serve_stdio(identifiers, env, ppid))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, main.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await main
 
 
 def run_mcp(ppid: int | None = None) -> int:
@@ -83,5 +98,5 @@ def run_mcp(ppid: int | None = None) -> int:
     env = dict(os.environ)
     logging.basicConfig(level=os.environ.get("CROSSTALK_LOG", "WARNING").upper(),
                         format="crosstalk mcp: %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve_stdio(identifiers_from_env(env), env, ppid))
+    asyncio.run(_serve_until_signalled(identifiers_from_env(env), env, ppid))
     return 0

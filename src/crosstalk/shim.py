@@ -94,6 +94,6 @@ class Shim:
             with contextlib.suppress(BaseException):
                 await task
         agents, self.agents = list(self.agents.values()), {}
-        for agent in agents:
-            with contextlib.suppress(Exception):
-                await agent.stop()
+        # Concurrently: a harness gives a closing server ~2 s before SIGTERM, and one agent's
+        # listener takes ~0.1 s to stop; one at a time, a busy shim was killed mid-cleanup.
+        await asyncio.gather(*(agent.stop() for agent in agents), return_exceptions=True)

@@ -243,3 +243,22 @@ def test_leftover_shim_exits_when_its_parent_dies(world: dict[str, str]) -> None
             parent.kill()
         if parent.stdin is not None:
             parent.stdin.close()
+
+
+async def test_sigterm_unpublishes_every_agent_of_a_busy_shim(world: dict[str, str]) -> None:
+    """Harnesses SIGTERM a server that does not exit within ~2 s of closing its input."""
+    reg = Registry(Path(world["CROSSTALK_HOME"]))
+    try:
+        async with shim(world) as c:
+            for i in range(20):
+                await c.call_tool("receive_message", {}, meta=meta(f"s{i}", f"agent-{i}"))
+            live = reg.live()
+            assert len(live) == 20
+            pids = {d.pid for d in live}
+            assert len(pids) == 1
+            os.kill(pids.pop(), signal.SIGTERM)
+            await eventually(lambda: not list(reg.agents_dir.glob("*.json")), timeout=10)
+    except Exception as exc:  # the client notices its server went away; that is expected
+        if list(reg.agents_dir.glob("*.json")):
+            raise AssertionError("descriptors left behind after SIGTERM") from exc
+    assert reg.live() == []

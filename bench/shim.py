@@ -1,0 +1,392 @@
+"""Shim benchmark: ``crosstalk mcp`` start-up, ``list_agents`` over 200 agents, shim memory.
+
+Drives real ``python -m crosstalk mcp`` processes with the official MCP client over stdio, with
+``CROSSTALK_HARNESS=fake`` standing in for the sessions (a call names its session in ``_meta``
+and the shim creates that session's agent on its first call). Prints one JSON line per figure;
+every figure's baseline is measured in the same run:
+
+* ``mcp_start_to_tools_list``: spawn to the first ``tools/list`` answer. Baselines: interpreter
+  start (spawn ``python -c "import sys"`` and reap it) and a bare official-SDK stdio server with
+  one tool (``bench/_bare_mcp_server.py``), so the figure shows what CrossTalk adds over the SDK.
+  Runs are interleaved round-robin after one untimed warm-up round.
+* ``list_agents_200``: ``list_agents`` answered by a fresh shim while 200 agents are registered
+  (fake sessions spread over several shims, one ``receive_message`` each). Baselines: the raw
+  descriptor read (``Registry.scan()`` in this process on the same state directory) and an
+  unbound ``tools/call`` on the same client (the stdio + dispatch floor; it touches no state).
+* ``shim_rss_8_agents``: VmRSS of one shim serving 8 agents. Baseline: the same shim right
+  after start (0 agents); the bare SDK server's VmRSS is reported beside it.
+
+Percentiles are nearest-rank (with few runs p99 is the maximum). Everything lives in a temp dir
+under /tmp; agents listen on 127.0.0.1 and unix sockets only. Progress goes to stderr.
+Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50] [--calls 50]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
+from crosstalk.store.registry import Liveness, Registry
+
+BARE_SERVER = Path(__file__).resolve().with_name("_bare_mcp_server.py")
+SHIM_ARGV = ["-m", "crosstalk", "mcp"]
+SHIM_TOOLS = 7
+SETTLE_SECONDS = 0.3  # let a process finish what a call started before reading its RSS
+REAP_GRACE_SECONDS = 3.0
+
+
+def emit(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def progress(msg: str) -> None:
+    print(f"bench/shim: {msg}", file=sys.stderr, flush=True)
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def ms(values: list[float]) -> dict[str, object]:
+    return {"n": len(values), "p50_ms": round(pct(values, 50) * 1e3, 2),
+            "p99_ms": round(pct(values, 99) * 1e3, 2), "min_ms": round(min(values) * 1e3, 2),
+            "max_ms": round(max(values) * 1e3, 2)}
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The /proc/<pid>/stat fields after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) direct children of this process."""
+    me, found = os.getpid(), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields and int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
+            found.add(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in (b"Z", b"X")
+
+
+def reap_children() -> None:
+    """Terminate, then kill, every child of ours still running (by pid, nothing broader)."""
+    pids = child_pids()
+    if not pids:
+        return
+    progress(f"stopping leftover processes {sorted(pids)}")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + REAP_GRACE_SECONDS
+        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = {p for p in pids if not _gone(p)}
+        if not pids:
+            break
+    for pid in child_pids() | pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM in kB and the thread count, from /proc/<pid>/status."""
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "Threads"):
+                out[key] = int(value.split()[0])
+    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return out
+
+
+# -- clients -----------------------------------------------------------------------------------
+
+
+def world(tmp: Path, tag: str) -> dict[str, str]:
+    """An isolated environment: its own state dir, runtime (socket) dir and fake inboxes."""
+    return {**os.environ, "CROSSTALK_HOME": str(tmp / f"state-{tag}"),
+            "XDG_RUNTIME_DIR": str(tmp / f"rt-{tag}"), "CROSSTALK_HARNESS": "fake",
+            "CROSSTALK_FAKE_INBOX": str(tmp / f"inbox-{tag}")}
+
+
+def params(argv: list[str], env: dict[str, str], cwd: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=argv, env=env, cwd=str(cwd))
+
+
+@contextlib.asynccontextmanager
+async def connect(argv: list[str], env: dict[str, str],
+                  cwd: Path) -> AsyncIterator[tuple[Client, int]]:
+    """An initialized client and the server's pid (call it with no other spawn in flight)."""
+    before = child_pids()
+    async with Client(params(argv, env, cwd), mode="legacy") as client:
+        new = child_pids() - before
+        if len(new) != 1:
+            raise RuntimeError(f"cannot tell the server's pid among {sorted(new)}")
+        yield client, new.pop()
+
+
+def meta(session: str, name: str) -> dict[str, Any]:
+    return {FAKE_SESSION_META: session, FAKE_NAME_META: name}
+
+
+def payload(result: Any) -> dict[str, Any]:
+    if result.structured_content is None:
+        raise RuntimeError(f"tool result without structured content: {result}")
+    return dict(result.structured_content)
+
+
+async def register(client: Client, session: str, name: str) -> None:
+    got = payload(await client.call_tool("receive_message", {}, meta=meta(session, name)))
+    if "entries" not in got:
+        raise RuntimeError(f"session {session} did not register: {got}")
+
+
+# -- 1. start to first tools/list ------------------------------------------------------------
+
+
+async def spawn_to_exit(env: dict[str, str], cwd: Path) -> float:
+    t = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import sys", env=env,
+                                                cwd=cwd, stdin=subprocess.DEVNULL)
+    code = await proc.wait()
+    took = time.perf_counter() - t
+    if code != 0:
+        raise RuntimeError(f"python -c 'import sys' exited {code}")
+    return took
+
+
+async def spawn_to_tools_list(argv: list[str], env: dict[str, str], cwd: Path,
+                              expect: int) -> float:
+    client = Client(params(argv, env, cwd), mode="legacy")
+    t = time.perf_counter()
+    async with client as c:
+        listed = await c.list_tools()
+        took = time.perf_counter() - t
+    if len(listed.tools) != expect:
+        raise RuntimeError(f"{argv}: listed {len(listed.tools)} tools, expected {expect}")
+    return took
+
+
+async def bench_start(tmp: Path, runs: int) -> None:
+    env = world(tmp, "start")
+    kinds: dict[str, Callable[[], Awaitable[float]]] = {
+        "interpreter": lambda: spawn_to_exit(env, tmp),
+        "sdk": lambda: spawn_to_tools_list([str(BARE_SERVER)], env, tmp, 1),
+        "crosstalk": lambda: spawn_to_tools_list(SHIM_ARGV, env, tmp, SHIM_TOOLS),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
+    for i in range(runs + 1):  # round 0 warms the page cache and bytecode caches
+        progress(f"start-up round {i}/{runs}")
+        for kind, run in kinds.items():
+            took = await run()
+            if i:
+                samples[kind].append(took)
+    interp, sdk, ct = samples["interpreter"], samples["sdk"], samples["crosstalk"]
+    emit(figure="baseline_interpreter_start", **ms(interp),
+         note="spawn python -c 'import sys' and reap it")
+    emit(figure="baseline_sdk_server_start_to_tools_list", **ms(sdk),
+         note="bare official-SDK stdio server with one tool; includes initialize")
+    emit(figure="mcp_start_to_tools_list", **ms(ct),
+         baseline="baseline_sdk_server_start_to_tools_list",
+         over_sdk_p50_ms=round((pct(ct, 50) - pct(sdk, 50)) * 1e3, 1),
+         over_interpreter_p50_ms=round((pct(ct, 50) - pct(interp, 50)) * 1e3, 1),
+         vs_sdk=round(pct(ct, 50) / pct(sdk, 50), 2),
+         note="spawn python -m crosstalk mcp, initialize, first tools/list answered")
+
+
+# -- 2. list_agents with 200 agents ----------------------------------------------------------
+
+
+async def timed_calls(client: Client, calls: int, name: str,
+                      args: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    lat, last = [], {}
+    for _ in range(calls):
+        t = time.perf_counter()
+        res = await client.call_tool(name, args)
+        lat.append(time.perf_counter() - t)
+        last = payload(res)
+    return lat, last
+
+
+async def time_listing(lister: Client, reg: Registry, total: int, calls: int,
+                       ) -> tuple[list[Any], list[float], list[float], list[float]]:
+    """list_agents answered by ``lister``; the unbound-call floor; the in-process scan."""
+    first = payload(await lister.call_tool("list_agents", {}))["agents"]  # also a warm-up
+    if len(first) != total:
+        raise RuntimeError(f"list_agents shows {len(first)} agents, not {total}")
+    progress(f"timing {calls} list_agents calls")
+    lat, last = await timed_calls(lister, calls, "list_agents", {})
+    if len(last["agents"]) != total:
+        raise RuntimeError("agents went missing while listing")
+    floor, last = await timed_calls(lister, calls, "send_message", {"to": "x", "text": "y"})
+    if last.get("error") != "unbound":
+        raise RuntimeError(f"expected an unbound refusal: {last}")
+    scan = []
+    reg.scan()
+    for _ in range(calls):
+        t = time.perf_counter()
+        listed, _bad = reg.scan()
+        scan.append(time.perf_counter() - t)
+        live = sum(1 for item in listed if item.liveness is Liveness.LIVE)
+        if live != total:
+            raise RuntimeError(f"Registry.scan() sees {live} live agents, not {total}")
+    return first, lat, floor, scan
+
+
+async def bench_list_agents(tmp: Path, shims: int, sessions: int, calls: int) -> None:
+    env = world(tmp, "list")
+    total = shims * sessions
+    up = [asyncio.Event() for _ in range(shims)]
+    done = [asyncio.Event() for _ in range(shims)]
+    go, stop = asyncio.Event(), asyncio.Event()
+
+    async def serve_sessions(k: int) -> None:
+        async with Client(params(SHIM_ARGV, env, tmp), mode="legacy") as c:
+            up[k].set()
+            await go.wait()
+            await asyncio.gather(*(register(c, f"s{k}-{i}", f"bench-{k}-{i}")
+                                   for i in range(sessions)))
+            done[k].set()
+            await stop.wait()
+
+    async with asyncio.TaskGroup() as tg:
+        try:
+            for k in range(shims):
+                tg.create_task(serve_sessions(k))
+            progress(f"starting {shims} shims and a lister")
+            async with Client(params(SHIM_ARGV, env, tmp), mode="legacy") as lister:
+                for ev in up:
+                    await ev.wait()
+                progress(f"registering {total} agents ({shims} shims x {sessions} sessions)")
+                t = time.perf_counter()
+                go.set()
+                for ev in done:
+                    await ev.wait()
+                register_seconds = time.perf_counter() - t
+
+                first, lat, floor, scan = await time_listing(
+                    lister, Registry(Path(env["CROSSTALK_HOME"])), total, calls)
+        finally:
+            stop.set()
+        progress("stopping shims")
+    emit(figure=f"baseline_registry_scan_{total}", agents=total, **ms(scan),
+         note="Registry.scan() in-process on the same state dir (descriptor read + liveness)")
+    emit(figure="baseline_unbound_call_roundtrip", **ms(floor),
+         note="tools/call refused as unbound by the same shim: stdio + dispatch, no state")
+    emit(figure=f"list_agents_{total}", agents=total, shims=shims,
+         answer_bytes=len(json.dumps({"agents": first}, sort_keys=True)), **ms(lat),
+         baseline=f"baseline_registry_scan_{total}",
+         over_scan_p50_ms=round((pct(lat, 50) - pct(scan, 50)) * 1e3, 2),
+         over_roundtrip_p50_ms=round((pct(lat, 50) - pct(floor, 50)) * 1e3, 2),
+         register_seconds=round(register_seconds, 2),
+         note="unbound list_agents from a separate shim; register_seconds is for all agents, "
+              "one receive_message each, sessions concurrent")
+
+
+# -- 3. resident memory ----------------------------------------------------------------------
+
+
+async def bench_rss(tmp: Path, agents: int) -> None:
+    env = world(tmp, "rss")
+    progress("measuring the bare SDK server's memory")
+    async with connect([str(BARE_SERVER)], env, tmp) as (client, pid):
+        await client.list_tools()
+        await asyncio.sleep(SETTLE_SECONDS)
+        bare = proc_status(pid)
+    progress(f"measuring a shim's memory with 0, 1 and {agents} agents")
+    async with connect(SHIM_ARGV, env, tmp) as (client, pid):
+        await client.list_tools()
+        await asyncio.sleep(SETTLE_SECONDS)
+        zero = proc_status(pid)
+        one = zero
+        for i in range(agents):
+            await register(client, f"r{i}", f"rss-{i}")
+            if i == 0:
+                await asyncio.sleep(SETTLE_SECONDS)
+                one = proc_status(pid)
+        await asyncio.sleep(SETTLE_SECONDS)
+        full = proc_status(pid)
+        served = [d for d in Registry(Path(env["CROSSTALK_HOME"])).live() if d.pid == pid]
+        if len(served) != agents:
+            raise RuntimeError(f"the shim serves {len(served)} agents, not {agents}")
+    emit(figure="baseline_shim_rss_0_agents", rss_kb=zero["VmRSS"], hwm_kb=zero["VmHWM"],
+         threads=zero["Threads"], fds=zero["fds"], bare_sdk_server_rss_kb=bare["VmRSS"],
+         note="crosstalk mcp after its first tools/list answer, no agent yet")
+    per_agent = (full["VmRSS"] - zero["VmRSS"]) / agents
+    rest = (full["VmRSS"] - one["VmRSS"]) / (agents - 1) if agents > 1 else None
+    emit(figure=f"shim_rss_{agents}_agents", agents=agents, rss_kb=full["VmRSS"],
+         hwm_kb=full["VmHWM"], threads=full["Threads"], fds=full["fds"],
+         baseline="baseline_shim_rss_0_agents", baseline_rss_kb=zero["VmRSS"],
+         per_agent_kb=round(per_agent, 1),
+         first_agent_kb=one["VmRSS"] - zero["VmRSS"],
+         per_further_agent_kb=None if rest is None else round(rest, 1))
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    await bench_start(tmp, args.runs)
+    await bench_list_agents(tmp, args.shims, args.sessions, args.calls)
+    await bench_rss(tmp, args.agents)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--runs", type=int, default=20, help="timed start-ups of each kind")
+    ap.add_argument("--shims", type=int, default=4, help="shims serving the listed agents")
+    ap.add_argument("--sessions", type=int, default=50, help="fake sessions per shim")
+    ap.add_argument("--calls", type=int, default=50, help="timed list_agents calls")
+    ap.add_argument("--agents", type=int, default=8, help="agents in the memory figure")
+    args = ap.parse_args()
+    if min(args.runs, args.shims, args.sessions, args.calls, args.agents) < 1:
+        ap.error("every count must be at least 1")
+    tmp = Path(tempfile.mkdtemp(prefix="ct-bs-", dir="/tmp"))
+    try:
+        asyncio.run(run(args, tmp))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        progress("interrupted")
+        return 130
+    finally:
+        reap_children()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
