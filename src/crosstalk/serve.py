@@ -19,6 +19,7 @@ from mcp.server.stdio import stdio_server
 
 from crosstalk.config import ensure_private_dir, state_dir
 from crosstalk.harness.base import Identifier
+from crosstalk.harness.codex import CodexIdentifier
 from crosstalk.harness.fake import FakeIdentifier
 from crosstalk.mcp_tools import Tools, build_server
 from crosstalk.shim import Shim
@@ -29,13 +30,13 @@ PARENT_POLL_SECONDS = 0.5
 
 
 def identifiers_from_env(env: dict[str, str]) -> list[Identifier]:
-    """The harnesses this shim recognises, in trust order.
+    """The harnesses this shim recognises, in trust order: Codex (``_meta.threadId``) first.
 
-    ``CROSSTALK_HARNESS=fake`` serves fake sessions named in ``_meta`` (tests, the demo);
-    their injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
+    ``CROSSTALK_HARNESS=fake`` adds fake sessions named in ``_meta`` (tests, the demo); their
+    injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
     """
     chosen = env.get("CROSSTALK_HARNESS", "")
-    found: list[Identifier] = []
+    found: list[Identifier] = [CodexIdentifier(cwd=os.getcwd())]
     if chosen == "fake":
         inbox = env.get("CROSSTALK_FAKE_INBOX") or None
         if inbox:

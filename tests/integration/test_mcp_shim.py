@@ -24,6 +24,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from crosstalk.store.registry import Registry
 
@@ -262,3 +263,46 @@ async def test_sigterm_unpublishes_every_agent_of_a_busy_shim(world: dict[str, s
         if list(reg.agents_dir.glob("*.json")):
             raise AssertionError("descriptors left behind after SIGTERM") from exc
     assert reg.live() == []
+
+
+@pytest.mark.seed(27)
+async def test_codex_threads_are_bound_by_thread_id_per_call(world: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    t1 = "01a1a3c0-0000-7000-8000-000000000001"
+    t2 = "01a1a3c0-0000-7000-8000-000000000002"
+    cwd = tmp_path / "proj"
+    cwd.mkdir()
+    params = StdioServerParameters(command=sys.executable, args=["-m", "crosstalk", "mcp"],
+                                   env=world, cwd=str(cwd))
+    async with Client(params, mode="legacy") as codex, shim(world) as other:
+        await codex.call_tool("receive_message", {}, meta={"threadId": t1})
+        await codex.call_tool("receive_message", {},
+                              meta={"x-codex-turn-metadata": {"thread_id": t2}})
+        rows = {r["agent_id"]: r for r in data(await codex.call_tool("list_agents", {}))[
+            "agents"]}
+        a1, a2 = agent_id_for("codex", t1), agent_id_for("codex", t2)
+        assert set(rows) == {a1, a2}
+        assert rows[a1]["name"] == f"codex-proj-{a1[:8]}"
+        assert rows[a2]["name"] == f"codex-proj-{a2[:8]}"
+        assert rows[a1]["cwd"] == str(cwd)
+        # No app-server binding yet: sending works, inbound is a definite refusal.
+        await other.call_tool("receive_message", {}, meta=meta("f1", "fred"))
+        out = data(await codex.call_tool("send_message", {"to": "fred", "text": "from t1"},
+                                         meta={"threadId": t1}))
+        assert out["state"] == "accepted", out
+        got = inbox(world, "f1")
+        assert [(m["text"], m["from_agent_id"]) for m in got] == [("from t1", a1)]
+        back = data(await other.call_tool("send_message", {"to": rows[a1]["name"],
+                                                           "text": "to t1"}, meta=meta("f1")))
+        assert back["state"] == "unreachable"
+        assert back["reason"] == "codex_thread_not_bound"
+        # Each call is routed by its own evidence; none -> unbound.
+        mine = data(await codex.call_tool("receive_message", {"state": "unreachable"},
+                                          meta={"threadId": t1}))
+        assert [e["text"] for e in mine["entries"]] == ["to t1"]
+        theirs = data(await codex.call_tool("receive_message", {"state": "unreachable"},
+                                            meta={"threadId": t2}))
+        assert theirs["entries"] == []
+        bad = await codex.call_tool("send_message", {"to": "fred", "text": "x"},
+                                    meta={"threadId": "../../etc"})
+        assert data(bad)["error"] == "unbound"
