@@ -228,18 +228,8 @@ class Receiver:
         dispatched like any message, which inbound messages it may answer with ``reply``.
         A bounce opens no route; a native answer to the notice is bounced again.
         """
-        record = {"subject": "message", "id": msg.message_id, "state": M.BOUNCED.value,
-                  "reason": "native_reply_not_forwarded", "sender": sender_record(msg.sender),
-                  "kind": msg.kind.value, "text": msg.text, "native": True,
-                  "binding": self.binding.as_record() if self.binding else None}
-        try:
-            self.journal.append(record)
-        except JournalError as exc:
-            raise ReceiverUnavailable(f"journal refused the bounce: {exc}") from exc
-        entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.BOUNCED,
-                      msg.sender.ingress.value, reason="native_reply_not_forwarded")
-        self.entries[msg.message_id] = entry
-        self._notify(entry)
+        entry = self._record_final(msg, M.BOUNCED, "native_reply_not_forwarded",
+                                   text=msg.text)
         open_inbound = [
             e for e in build_entries(self.journal.replay().records)
             if e.sender_agent_id not in (None, self.agent_id) and e.reply is None
@@ -274,19 +264,24 @@ class Receiver:
             self.admission.release_ask(message_id)
 
     def _reject(self, msg: Message, reason: str) -> Result:
-        record = {"subject": "message", "id": msg.message_id, "state": M.REJECTED.value,
+        return self._record_final(msg, M.REJECTED, reason, task_id=msg.task_id).result()
+
+    def _record_final(self, msg: Message, state: MessageState, reason: str,
+                      **extra: Any) -> Entry:
+        """Journal a message that ends on arrival (rejected, bounced), then index it."""
+        record = {"subject": "message", "id": msg.message_id, "state": state.value,
                   "reason": reason, "sender": sender_record(msg.sender), "kind": msg.kind.value,
-                  "native": msg.native, "task_id": msg.task_id,
-                  "binding": self.binding.as_record() if self.binding else None}
+                  "native": msg.native,
+                  "binding": self.binding.as_record() if self.binding else None, **extra}
         try:
             self.journal.append(record)
         except JournalError as exc:
-            raise ReceiverUnavailable(f"journal refused the rejection: {exc}") from exc
-        entry = Entry(msg.message_id, msg.sender, msg.kind.value, M.REJECTED,
+            raise ReceiverUnavailable(f"journal refused the {state.value} record: {exc}") from exc
+        entry = Entry(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, reason=reason, task_id=msg.task_id)
         self.entries[msg.message_id] = entry
         self._notify(entry)
-        return entry.result()
+        return entry
 
     async def dispatch(self, entry: Entry) -> Result:
         """Claim the dispatch, inject, journal the outcome."""
