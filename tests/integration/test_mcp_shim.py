@@ -306,3 +306,28 @@ async def test_codex_threads_are_bound_by_thread_id_per_call(world: dict[str, st
         bad = await codex.call_tool("send_message", {"to": "fred", "text": "x"},
                                     meta={"threadId": "../../etc"})
         assert data(bad)["error"] == "unbound"
+
+
+async def test_a_late_reply_to_an_expired_ask_is_ask_closed(world: dict[str, str]) -> None:
+    """R7: an ask's deadline closes its route; a reply after it is refused, not delivered."""
+    async with shim(world) as a, shim(world) as b:
+        await b.call_tool("receive_message", {}, meta=meta("b1", "bob"))
+        asked = data(await a.call_tool("ask", {"to": "bob", "text": "quick?",
+                                               "deadline_seconds": 1},
+                                       meta=meta("a1", "alice")))
+        assert asked["state"] == "accepted", asked
+        mid = asked["message_id"]
+
+        async def expired() -> bool:
+            box = data(await b.call_tool("receive_message", {}, meta=meta("b1")))
+            return any(e["message_id"] == mid and e.get("ask") == "expired"
+                       for e in box["entries"])
+
+        deadline = time.monotonic() + 20
+        while not await expired():
+            assert time.monotonic() < deadline, "the ask never expired"
+            await asyncio.sleep(0.2)
+        late = await b.call_tool("reply", {"message_id": mid, "text": "yes"}, meta=meta("b1"))
+        assert late.is_error
+        assert data(late)["error"] == "ask_closed"
+        assert inbox(world, "a1") == []
