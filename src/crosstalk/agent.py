@@ -301,23 +301,32 @@ class Agent:
         An agent never claims or releases itself: refused here, without a round trip. The
         target decides everything else; identity travels only as this agent's bearer token.
         """
-        targets = self.registry.find(to)
-        if len(targets) != 1:
-            reason = "no_such_agent" if not targets else "ambiguous_name"
-            return None, a2a_client.ControlOutcome(False, "rejected", reason)
-        target = targets[0]
+        target = self._peer(to)
+        if isinstance(target, str):
+            return None, a2a_client.ControlOutcome(False, "rejected", target)
         if target.agent_id == self.agent_id:
             reason = "cannot_claim_self" if op == "claim" else "cannot_release_self"
             return target, a2a_client.ControlOutcome(False, "rejected", reason)
         if target.a2a_url is None:
             return target, a2a_client.ControlOutcome(False, "unreachable", "no_a2a_listener")
-        if self._http is None:
-            self._http = a2a_client.new_http_client()
         text = (f"{self.name} asks to {op} this session (a CrossTalk control request; "
                 "it is applied by the shim, never delivered as a message).")
         outcome = await a2a_client.control(target.a2a_url, self.token, op, text=text,
-                                           expect_name=target.name, httpx_client=self._http)
+                                           expect_name=target.name, httpx_client=self._client())
         return target, outcome
+
+    def _peer(self, to: str) -> Descriptor | str:
+        """The one live agent ``to`` names (name or agent_id), else the reason there is none."""
+        targets = self.registry.find(to)
+        if len(targets) != 1:
+            return "no_such_agent" if not targets else "ambiguous_name"
+        return targets[0]
+
+    def _client(self) -> httpx.AsyncClient:
+        """One HTTP client per agent: peers' connections are reused (~5 ms a send, not ~35)."""
+        if self._http is None:
+            self._http = a2a_client.new_http_client()
+        return self._http
 
     # -- reply: the staged transaction (seed R4-R8) ---------------------------------------
 
@@ -411,19 +420,15 @@ class Agent:
                    return_immediately: bool = False,
                    until_delivered: bool = False) -> a2a_client.SendResult:
         """Send to a registered agent (by name or agent_id) over A2A, as this agent."""
-        targets = self.registry.find(to)
-        if len(targets) != 1:
-            reason = "no_such_agent" if not targets else "ambiguous_name"
-            return a2a_client.SendResult(message_id="", state="unknown", reason=reason)
-        target = targets[0]
+        target = self._peer(to)
+        if isinstance(target, str):
+            return a2a_client.SendResult(message_id="", state="unknown", reason=target)
         if target.a2a_url is None:
             return a2a_client.SendResult(message_id="", state="unreachable",
                                          reason="no_a2a_listener")
-        if self._http is None:
-            self._http = a2a_client.new_http_client()
         return await a2a_client.send(
             target.a2a_url, self.token, text, kind=kind, delivery=delivery,
-            httpx_client=self._http,
+            httpx_client=self._client(),
             deadline_seconds=deadline_seconds, message_id=message_id, in_reply_to=in_reply_to,
             return_immediately=return_immediately, until_delivered=until_delivered,
             expect_name=target.name)
