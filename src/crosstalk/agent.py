@@ -25,7 +25,7 @@ from crosstalk.a2a.server import A2AServer
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
-from crosstalk.core.message import Ingress, Kind, Message, Sender
+from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import (
     ClaimState,
@@ -36,7 +36,7 @@ from crosstalk.core.policy import (
     check_release,
 )
 from crosstalk.core.states import AskState, ClaimStatus, MessageState, ReplyState
-from crosstalk.harness.base import Binding, Harness
+from crosstalk.harness.base import Binding, Delivery, Discovery, Harness, Outcome, Session
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Receiver, ReceiverUnavailable
 from crosstalk.store.journal import Journal, JournalError
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 _SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
 #: The journal record type of a claim on this agent (seed §5 "claims on this agent").
 CLAIM_RECORD = "claim"
+#: The journal record of an inform this agent put into a session without CrossTalk.
+NATIVE_SEND_RECORD = "native_send"
 #: Who the target session is told a claim or release came through.
 CROSSTALK_SENDER = Sender(agent_id=None, name="crosstalk", ingress=Ingress.LOCAL)
 
@@ -159,6 +161,31 @@ class Agent:
         except BaseException:
             await self.stop()
             raise
+        return choice
+
+    def follow_name(self, session_name: str | None) -> NameChoice | None:
+        """Take the name the harness now gives the session (a rename), or the preferred name
+        a fallback was waiting for once it is free (seed §3). The alias only: agent_id,
+        sockets, journal, claims and routes stay. ``None`` when nothing changed."""
+        reg = self.registration
+        if reg is None or reg.name is None:
+            return None
+        spec = self.spec
+        candidates = list(name_candidates(spec.harness.name, spec.cwd, self.agent_id,
+                                          session_name))
+        if session_name == spec.session_name and reg.name == candidates[0]:
+            return None
+        old = reg.name
+        choice = reg.rename(candidates)
+        self.spec = replace(spec, session_name=session_name)
+        self.name_choice = choice
+        if reg.descriptor is not None:
+            self.descriptor = reg.descriptor
+        if self.a2a is not None:
+            self.a2a.name = choice.name
+        if choice.name == old:
+            return None
+        log.info("agent %s renamed %r -> %r", self.agent_id, old, choice.name)
         return choice
 
     async def stop(self) -> None:
@@ -432,6 +459,39 @@ class Agent:
             deadline_seconds=deadline_seconds, message_id=message_id, in_reply_to=in_reply_to,
             return_immediately=return_immediately, until_delivered=until_delivered,
             expect_name=target.name)
+
+
+    async def send_native(self, discovery: Discovery, session: Session, text: str, *,
+                          delivery: str = "immediate") -> a2a_client.SendResult:
+        """An inform into a session without CrossTalk, put in by this shim (seed §3).
+
+        The intent is journaled before anything is sent (a failed write sends nothing), the
+        outcome after. The frame's ``from`` is this agent's uds ingress: a native answer comes
+        back here, where a session without CrossTalk is an unverified sender (test 26).
+        """
+        if self.journal is None or self.uds is None:
+            raise RegistryError("agent is not registered")
+        mid = new_message_id()
+        to = f"{session.harness}:{session.session_ref}"
+        try:
+            self.journal.append({"type": NATIVE_SEND_RECORD, "id": mid, "to": to,
+                                 "to_name": session.name, "state": "dispatching"})
+        except JournalError as exc:
+            raise ReceiverUnavailable(str(exc)) from None
+        claim = self.effective_claim()
+        msg = Message(message_id=mid, text=text, kind=Kind.INFORM,
+                      delivery=DeliveryMode(delivery), sent_at=self.clock(),
+                      sender=Sender(agent_id=self.agent_id, name=self.name, role=claim.role,
+                                    ingress=Ingress.LOCAL))
+        try:
+            outcome = await discovery.send_native(session, Delivery(msg, str(self.uds.path)))
+        except Exception as exc:  # after the attempt began: ambiguous, never resent
+            log.warning("agent %s: native send to %s failed: %r", self.agent_id, to, exc)
+            outcome = Outcome(MessageState.UNKNOWN, "native_send_failed")
+        self.journal_event({"type": NATIVE_SEND_RECORD, "id": mid, "to": to,
+                            "state": outcome.state.value, "reason": outcome.reason})
+        return a2a_client.SendResult(message_id=mid, state=outcome.state.value,
+                                     reason=outcome.reason)
 
 
 class ReplyRefused(Exception):

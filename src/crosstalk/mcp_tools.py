@@ -8,6 +8,7 @@ evidence of a session is *unbound*: it may list agents, and every other tool ans
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -21,10 +22,10 @@ from crosstalk.a2a.client import SendResult
 from crosstalk.agent import Agent, ReplyRefused
 from crosstalk.core.mailbox import CursorError, build_entries, page
 from crosstalk.core.nudge import combine_hint
+from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.receiver import ReceiverUnavailable
 from crosstalk.shim import Shim
-from crosstalk.store.registry import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -181,12 +182,12 @@ class Tools:
         try:
             if name not in TOOL_NAMES:
                 raise ToolError("unknown_tool", f"tools: {', '.join(sorted(TOOL_NAMES))}")
-            found = self.shim.identify(meta)
+            found = await self.shim.identify(meta)
             if name == "list_agents":
                 extra = _str_keys(args)
                 if extra:
                     raise ToolError("invalid_arguments", "list_agents takes no arguments")
-                return _result({"agents": self.list_agents()})
+                return _result({"agents": await self.list_agents()})
             if found is None:
                 raise ToolError("unbound", "this call carries no evidence of which session "
                                 "made it; only list_agents is available")
@@ -207,40 +208,52 @@ class Tools:
 
     # -- list_agents ---------------------------------------------------------------------
 
-    def list_agents(self) -> list[dict[str, Any]]:
-        listed, _ = self.shim.registry.scan()
-        live = [item.descriptor for item in listed if item.liveness is Liveness.LIVE]
-        live_ids = {d.agent_id for d in live}
-        rows = []
-        for d in live:
-            # An owner that is no longer registered holds nothing (Registry.live_owner).
-            owner = d.owner if d.owner in live_ids else None
-            role = d.role if owner is not None else "primary"
-            rows.append({"name": d.name, "agent_id": d.agent_id, "harness": d.harness,
-                         "cwd": d.cwd, "status": "unknown", "crosstalk": True,
-                         "reachable": d.a2a_url is not None, "role": role, "owner": owner})
-        return sorted(rows, key=lambda r: (r["name"], r["agent_id"]))
+    async def list_agents(self) -> list[dict[str, Any]]:
+        entries = await asyncio.to_thread(self.shim.directory.snapshot)
+        return [e.row() for e in entries]
 
     # -- sending -------------------------------------------------------------------------
 
-    def _send_payload(self, agent: Agent, identity: Identity, to: str, res: SendResult, *,
-                      kind: str) -> dict[str, Any]:
+    def _send_payload(self, agent: Agent, identity: Identity, target: Entry | Unresolved,
+                      res: SendResult, *, kind: str) -> dict[str, Any]:
         state = res.state if res.state in SEND_STATES else "unknown"
         reason = res.reason if res.state in SEND_STATES else (res.reason or res.state)
         payload: dict[str, Any] = {"message_id": res.message_id or None, "state": state,
                                    "reason": reason}
-        if res.reason == "no_such_agent":
+        if isinstance(target, Unresolved):
+            payload["hint"] = target.hint
+            if target.candidates:
+                payload["candidates"] = [e.agent_id for e in target.candidates]
+            return payload  # it reached no peer: nothing to count (seed §4)
+        if target.descriptor is None:
+            payload["hint"] = _native_hint(target, refused=reason == "native_inform_only")
+        elif res.reason == "no_such_agent":  # gone between lookup and send
             payload["hint"] = "no live agent has that name or id; call list_agents"
-        elif res.reason == "ambiguous_name":
-            payload["hint"] = "several agents match; use an agent_id from list_agents"
-        peers = self.shim.registry.find(to)
-        peer = peers[0].agent_id if len(peers) == 1 else to
         nudge = self.shim.nudge_counter(identity).record(
-            peer, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
+            target.peer_key, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
         if nudge is not None:
             payload["hint"] = combine_hint(payload.get("hint"), nudge)
-            agent.journal_event({"type": "nudge", "peer": peer, "count": nudge.count})
+            agent.journal_event({"type": "nudge", "peer": target.peer_key,
+                                 "count": nudge.count})
         return payload
+
+    async def _deliver(self, agent: Agent, to: str, text: str, *, kind: str,
+                       delivery: str = "immediate", deadline: int = 0
+                       ) -> tuple[Entry | Unresolved, SendResult]:
+        """Resolve ``to`` (agents and sessions without CrossTalk) and send to it."""
+        target = await asyncio.to_thread(self.shim.directory.resolve, to)
+        if isinstance(target, Unresolved):
+            return target, SendResult(message_id="", state="unknown", reason=target.reason)
+        if target.descriptor is not None:
+            res = await agent.send(target.agent_id, text, kind=kind, delivery=delivery,
+                                   deadline_seconds=deadline, until_delivered=kind == "ask")
+            return target, res
+        discovery = self.shim.directory.discovery_for(target.harness)
+        if kind != "inform" or target.session is None or discovery is None:
+            return target, SendResult(message_id="", state="rejected",
+                                      reason="native_inform_only")
+        return target, await agent.send_native(discovery, target.session, text,
+                                               delivery=delivery)
 
     async def send_message(self, agent: Agent, identity: Identity,
                            args: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,17 +261,16 @@ class Tools:
         text = _text_arg(args)
         kind = _choice(args, "kind", {"inform", "command"}, "inform")
         delivery = _choice(args, "delivery", {"immediate", "next_turn"}, "immediate")
-        res = await agent.send(to, text, kind=kind, delivery=delivery)
-        return self._send_payload(agent, identity, to, res, kind=kind)
+        target, res = await self._deliver(agent, to, text, kind=kind, delivery=delivery)
+        return self._send_payload(agent, identity, target, res, kind=kind)
 
     async def ask(self, agent: Agent, identity: Identity,
                   args: Mapping[str, Any]) -> dict[str, Any]:
         to = _req_str(args, "to")
         text = _text_arg(args)
         deadline = _int_arg(args, "deadline_seconds", 0, 0, 86400)
-        res = await agent.send(to, text, kind="ask", deadline_seconds=deadline,
-                               until_delivered=True)
-        return self._send_payload(agent, identity, to, res, kind="ask")
+        target, res = await self._deliver(agent, to, text, kind="ask", deadline=deadline)
+        return self._send_payload(agent, identity, target, res, kind="ask")
 
     async def reply(self, agent: Agent, identity: Identity,
                     args: Mapping[str, Any]) -> dict[str, Any]:
@@ -331,6 +343,18 @@ _CONTROL_HINTS = {
     "unreachable": "the request could not be delivered; nothing changed",
     "unknown": "the request was sent but no answer came; check list_agents",
 }
+
+
+def _native_hint(target: Entry, *, refused: bool) -> str:
+    """True whether or not the session is reachable now (seed test 33)."""
+    what = (f"'{target.name}' is a {target.harness} session without CrossTalk: it receives "
+            "send_message with kind=inform only, and cannot answer an ask, take a command "
+            "or send")
+    if not target.reachable:
+        return what + "; it is not reachable right now, so an inform would not arrive either"
+    if refused:
+        return what + "; send it an inform instead"
+    return what
 
 
 def _str_keys(args: Mapping[str, Any]) -> list[str]:

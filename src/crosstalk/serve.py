@@ -19,6 +19,7 @@ from mcp.server.stdio import stdio_server
 
 from crosstalk.config import ensure_private_dir, state_dir
 from crosstalk.harness.base import Identifier
+from crosstalk.harness.claude import ClaudeIdentifier
 from crosstalk.harness.codex import CodexIdentifier
 from crosstalk.harness.fake import FakeIdentifier
 from crosstalk.mcp_tools import Tools, build_server
@@ -29,14 +30,18 @@ log = logging.getLogger(__name__)
 PARENT_POLL_SECONDS = 0.5
 
 
-def identifiers_from_env(env: dict[str, str]) -> list[Identifier]:
-    """The harnesses this shim recognises, in trust order: Codex (``_meta.threadId``) first.
+def identifiers_from_env(env: dict[str, str], ppid: int | None = None) -> list[Identifier]:
+    """The harnesses this shim recognises, in trust order: Codex (``_meta.threadId``) first,
+    then Claude (the parent process's session record; also lists Claude sessions).
 
     ``CROSSTALK_HARNESS=fake`` adds fake sessions named in ``_meta`` (tests, the demo); their
     injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
     """
     chosen = env.get("CROSSTALK_HARNESS", "")
-    found: list[Identifier] = [CodexIdentifier(cwd=os.getcwd())]
+    found: list[Identifier] = [
+        CodexIdentifier(cwd=os.getcwd()),
+        ClaudeIdentifier.for_parent(env, os.getppid() if ppid is None else ppid),
+    ]
     if chosen == "fake":
         inbox = env.get("CROSSTALK_FAKE_INBOX") or None
         if inbox:
@@ -45,8 +50,13 @@ def identifiers_from_env(env: dict[str, str]) -> list[Identifier]:
     return found
 
 
-async def _watch_parent(ppid: int) -> None:
+async def _watch_parent(ppid: int, shim: Shim) -> None:
+    """Poll the parent (gone: return, the shim exits) and keep eager sessions in step."""
     while os.getppid() == ppid:
+        try:
+            await shim.sync()
+        except Exception:  # e.g. the agent lock still held by an exiting predecessor
+            log.warning("registering this session failed; retrying", exc_info=True)
         await asyncio.sleep(PARENT_POLL_SECONDS)
     log.info("parent %d is gone; exiting", ppid)
 
@@ -60,7 +70,8 @@ async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
         async with stdio_server() as (read, write):
             serve = asyncio.ensure_future(
                 server.run(read, write, server.create_initialization_options()))
-            watch = asyncio.ensure_future(_watch_parent(os.getppid() if ppid is None else ppid))
+            watch = asyncio.ensure_future(
+                _watch_parent(os.getppid() if ppid is None else ppid, shim))
             try:
                 done, _ = await asyncio.wait({serve, watch},
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -99,5 +110,5 @@ def run_mcp(ppid: int | None = None) -> int:
     env = dict(os.environ)
     logging.basicConfig(level=os.environ.get("CROSSTALK_LOG", "WARNING").upper(),
                         format="crosstalk mcp: %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve_until_signalled(identifiers_from_env(env), env, ppid))
+    asyncio.run(_serve_until_signalled(identifiers_from_env(env, ppid), env, ppid))
     return 0

@@ -5,20 +5,30 @@ identifiers in trust order, and the agent for ``(harness, session_ref)`` is crea
 atomically — concurrent first calls for one session share a single creation, and a failed
 creation is not cached. Closing the shim stops every agent it serves (descriptors, sockets and
 keys removed under their locks; journals and lock files kept).
+
+An *eager* identifier (Claude: the parent's record is evidence before any call) has its
+session registered by :meth:`Shim.sync`, at start and then on every poll, which also follows
+the harness: a session the harness replaced in the same process (``/clear``) is retired
+without the shim exiting and the new one takes its name with no notice; a rename moves the
+alias; a fallback name moves to the preferred one once that is free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.admission import Limits
 from crosstalk.core.nudge import NudgeCounter
-from crosstalk.harness.base import Identifier, Identity
-from crosstalk.store.registry import Registry
+from crosstalk.directory import Directory
+from crosstalk.harness.base import Discovery, Identifier, Identity
+from crosstalk.store.registry import Registry, RegistryError
+
+log = logging.getLogger(__name__)
 
 AgentKey = tuple[str, str]
 
@@ -35,9 +45,18 @@ class Shim:
         self._creating: dict[AgentKey, asyncio.Task[Agent]] = {}
         self._notices: dict[AgentKey, str] = {}
         self._closed = False
+        self.directory = Directory(registry, [i for i in self.identifiers
+                                              if isinstance(i, Discovery)])
 
-    def identify(self, meta: Mapping[str, Any] | None) -> tuple[Identifier, Identity] | None:
-        """The first identifier (trust order) that recognises the request's evidence."""
+    async def identify(self, meta: Mapping[str, Any] | None
+                       ) -> tuple[Identifier, Identity] | None:
+        """The first identifier (trust order) that recognises the request's evidence.
+
+        In a worker thread: an identifier may read files (Claude's record, re-read after a
+        torn write)."""
+        return await asyncio.to_thread(self._identify, meta)
+
+    def _identify(self, meta: Mapping[str, Any] | None) -> tuple[Identifier, Identity] | None:
         for identifier in self.identifiers:
             identity = identifier.identify(meta)
             if identity is not None:
@@ -51,6 +70,8 @@ class Shim:
         agent = self.agents.get(key)
         if agent is not None:
             return agent
+        if _one_session(identifier):
+            await self._retire_others(key)
         task = self._creating.get(key)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._create(key, identifier,
@@ -80,6 +101,43 @@ class Shim:
                 f"'{choice.name}'. It will take '{choice.preferred}' once that name is free.")
         return agent
 
+    async def _retire_others(self, key: AgentKey) -> None:
+        """Where a process holds one session at a time, any other session of that harness in
+        this shim was superseded: stop it (its name goes free for the new session)."""
+        for other, task in list(self._creating.items()):
+            if other[0] == key[0] and other != key:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for other in [k for k in self.agents if k[0] == key[0] and k != key]:
+            agent = self.agents.pop(other)
+            self.nudges.pop(other, None)
+            self._notices.pop(other, None)
+            log.info("session %s of %s superseded by %s; retiring agent %s", other[1],
+                     other[0], key[1], agent.agent_id)
+            await agent.stop()
+
+    async def sync(self) -> None:
+        """Register each eager identifier's current session; follow renames and fallbacks.
+
+        No evidence (a missing or torn record) changes nothing: it is not proof of anything.
+        """
+        for identifier in self.identifiers:
+            if not getattr(identifier, "eager", False) or self._closed:
+                continue
+            identity = await asyncio.to_thread(identifier.identify, None)
+            if identity is None:
+                continue
+            agent = await self.agent_for(identifier, identity)
+            try:
+                choice = agent.follow_name(identity.session_name)
+            except (OSError, RegistryError) as exc:
+                log.warning("agent %s: rename not applied (%s)", agent.agent_id, exc)
+                continue
+            key = (identity.harness, identity.session_ref)
+            if choice is not None and not choice.is_fallback:
+                self._notices.pop(key, None)  # the "name is held" notice no longer holds
+
     def take_notice(self, identity: Identity) -> str | None:
         """A one-time notice for the session's model (e.g. it got a fallback name)."""
         return self._notices.pop((identity.harness, identity.session_ref), None)
@@ -97,3 +155,7 @@ class Shim:
         # Concurrently: a harness gives a closing server ~2 s before SIGTERM, and one agent's
         # listener takes ~0.1 s to stop; one at a time, a busy shim was killed mid-cleanup.
         await asyncio.gather(*(agent.stop() for agent in agents), return_exceptions=True)
+
+
+def _one_session(identifier: Identifier) -> bool:
+    return bool(getattr(identifier, "supersession", False))

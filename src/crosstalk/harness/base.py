@@ -114,3 +114,49 @@ class Identifier(Protocol):
     def harness_for(self, identity: Identity) -> Harness:
         """The injector for that session."""
         ...
+
+
+@dataclass(frozen=True)
+class Session:
+    """A harness session as the harness's own registry shows it, CrossTalk or not (seed §3).
+
+    ``locator`` is the harness's own handle on it (Claude: the record path), opaque here.
+    """
+
+    harness: str
+    session_ref: str
+    name: str | None
+    cwd: str | None
+    #: idle | busy | shell | waiting | unknown (never guessed: no status is ``unknown``).
+    status: str
+    #: Whether a message can be put into it now (Claude: its inbox socket exists).
+    reachable: bool
+    pid: int | None = None
+    locator: str | None = None
+    #: Where the session receives (Claude: its inbox socket), for ``uds:<path>`` addresses.
+    address: str | None = None
+    #: Extra detail for people (Claude's ``waitingFor``).
+    detail: str | None = None
+
+
+@runtime_checkable
+class Discovery(Protocol):
+    """A harness whose sessions can be listed and messaged without CrossTalk in them.
+
+    Such a session is listed and receives informs, put in natively by the *sender's* shim;
+    it cannot send, and it cannot answer an ask (seed §3 "Discovery", test 26).
+    """
+
+    name: str
+    #: True when one process holds one session at a time (Claude): a live process whose
+    #: record names another session proves the old one superseded (``/clear``). Codex serves
+    #: several threads per process, so for it this is no evidence (seed §3).
+    supersession: bool
+
+    def discover(self) -> list[Session]:
+        """Every live session this harness knows of on this machine (blocking file reads)."""
+        ...
+
+    async def send_native(self, session: Session, delivery: Delivery) -> Outcome:
+        """Put an inform into a session that has no CrossTalk, from ``delivery.reply_address``."""
+        ...

@@ -1,1 +1,174 @@
-"""Claude Code harness: its session registry, inbox socket and key files."""
+"""Claude Code: sessions bound by the shim's parent pid, messages put into its inbox socket.
+
+A Claude shim is a child of the Claude process (``getppid()`` = the session's pid), so its
+session is ``<configDir>/sessions/<ppid>.json``'s *current* ``sessionId`` — read on every use,
+since ``/clear`` and ``/resume`` rewrite it under the same pid (design doc §4.2). That
+evidence exists before any tool call, which is why a Claude session registers at shim start.
+
+Injection (design doc §4.3): one frame into the session's ``messagingSocketPath``, carrying
+our envelope with the agent's own uds ingress as ``from`` (a native reply comes back to the
+shim, where it is bounced, seed §5) and ``session_id`` so a superseded conversation never gets
+it. Sending to a Claude session *without* CrossTalk uses the same frame (inform only, §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crosstalk.core.envelope import render_claude
+from crosstalk.core.message import DeliveryMode
+from crosstalk.core.states import MessageState
+from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome, Session
+from crosstalk.harness.claude import inbox
+from crosstalk.harness.claude.registry import (
+    ClaudeSession,
+    SessionBinding,
+    config_dirs,
+    discover,
+    liveness,
+    read_peer_token,
+    read_record,
+)
+
+HARNESS = "claude"
+
+
+def priority_for(delivery: Delivery) -> str:
+    """``next`` joins a running turn at its next tool boundary; ``later`` waits for the turn
+    to end. Unverified senders and next_turn deliveries never interrupt (CQ3)."""
+    if delivery.message.delivery is DeliveryMode.NEXT_TURN or not delivery.wake:
+        return "later"
+    return "next"
+
+
+def render(delivery: Delivery, *, from_address: str) -> str:
+    msg = delivery.message
+    return render_claude(body=msg.text, from_address=from_address, from_name=msg.sender.label,
+                         message_id=msg.message_id, kind=msg.kind.value,
+                         in_reply_to=msg.in_reply_to, verified=msg.sender.verified)
+
+
+async def deliver_to_session(session: ClaudeSession, delivery: Delivery, *,
+                             from_address: str, session_id: str | None) -> Outcome:
+    """One frame into ``session``'s inbox, as ``from_address`` (an agent's uds ingress)."""
+    if session.messaging_socket_path is None:
+        return Outcome(MessageState.UNREACHABLE, "claude_no_inbox")
+    token = await asyncio.to_thread(read_peer_token, session)
+    frame = inbox.user_frame(render(delivery, from_address=from_address),
+                             msg_id=inbox.msg_id_for(delivery.message.message_id),
+                             from_address=from_address, priority=priority_for(delivery),
+                             session_id=session_id)
+    got = await inbox.deliver(session.messaging_socket_path, frame, token=token)
+    return Outcome(got.state, got.reason, got.evidence)
+
+
+@dataclass
+class ClaudeHarness:
+    """Injects into one Claude session process (the record at ``<config_dir>/sessions/<pid>``)."""
+
+    config_dir: Path
+    pid: int
+    name: str = HARNESS
+
+    @property
+    def record_path(self) -> Path:
+        return self.config_dir / "sessions" / f"{self.pid}.json"
+
+    async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
+        session = await asyncio.to_thread(read_record, self.record_path)
+        if session is None or liveness(session) != "live":
+            return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
+        if session.session_id != binding.session_ref:
+            return Outcome(MessageState.UNREACHABLE, "session_superseded")
+        if delivery.reply_address is None:
+            return Outcome(MessageState.UNREACHABLE, "no_reply_address")
+        return await deliver_to_session(session, delivery, from_address=delivery.reply_address,
+                                        session_id=binding.session_ref)
+
+
+def identity_of(session: ClaudeSession, fallback_cwd: str) -> Identity:
+    return Identity(HARNESS, session.session_id, session.cwd or fallback_cwd,
+                    session_name=session.name, endpoint=session.messaging_socket_path,
+                    harness_pid=session.pid)
+
+
+@dataclass
+class ClaudeIdentifier:
+    """Recognises the shim's own Claude session: the parent's record, in any config root.
+
+    ``identify`` ignores the request's ``_meta`` (Claude sends only its tool-use id there);
+    the evidence is the process tree plus the record, so it runs after Codex in trust order
+    and a call from a Codex thread is never taken for Claude's.
+    """
+
+    bindings: Sequence[SessionBinding]
+    cwd: str = field(default_factory=os.getcwd)
+    #: The environment whose config roots :meth:`discover` reads.
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    name: str = HARNESS
+    #: Agents register at shim start, not on their first call (design doc §4.2).
+    eager: bool = True
+    supersession: bool = True
+
+    @classmethod
+    def for_parent(cls, env: Mapping[str, str], ppid: int,
+                   cwd: str | None = None) -> ClaudeIdentifier:
+        return cls([SessionBinding(d, ppid) for d in config_dirs(env)],
+                   cwd=cwd or os.getcwd(), env=dict(env))
+
+    def current(self) -> ClaudeSession | None:
+        """The parent session as its record says now (blocking: stat, and reads on change)."""
+        for binding in self.bindings:
+            session = binding.current()
+            if session is not None:
+                return session
+        return None
+
+    def identify(self, meta: Mapping[str, Any] | None) -> Identity | None:
+        session = self.current()
+        return identity_of(session, self.cwd) if session is not None else None
+
+    def harness_for(self, identity: Identity) -> Harness:
+        session = self.current()
+        if session is None or session.session_id != identity.session_ref:
+            # Raced a /clear: inject re-checks the record and refuses a superseded session.
+            pid = identity.harness_pid or (self.bindings[0].ppid if self.bindings else 0)
+            config = self.bindings[0].config_dir if self.bindings else Path("/nonexistent")
+            return ClaudeHarness(config, pid)
+        return ClaudeHarness(session.config_dir, session.pid)
+
+
+    # -- discovery (harness.base.Discovery) ----------------------------------------------
+
+    def discover(self) -> list[Session]:
+        return [session_row(s) for s in discover(self.env)]
+
+    async def send_native(self, session: Session, delivery: Delivery) -> Outcome:
+        if session.locator is None or delivery.reply_address is None:
+            return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
+        record = await asyncio.to_thread(read_record, Path(session.locator))
+        if (record is None or liveness(record) != "live"
+                or record.session_id != session.session_ref):
+            return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
+        return await deliver_to_session(record, delivery, from_address=delivery.reply_address,
+                                        session_id=record.session_id)
+
+
+def session_row(s: ClaudeSession) -> Session:
+    socket = s.messaging_socket_path
+    return Session(HARNESS, s.session_id, s.name, s.cwd, s.status,
+                   reachable=socket is not None and _is_socket(socket), pid=s.pid,
+                   locator=str(s.record_path), address=socket, detail=s.waiting_for)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
