@@ -140,6 +140,7 @@ def proc_status(pid: int) -> dict[str, int]:
 def world(tmp: Path, tag: str) -> dict[str, str]:
     """An isolated environment: its own state dir, runtime (socket) dir and fake inboxes."""
     return {**os.environ, "CROSSTALK_HOME": str(tmp / f"state-{tag}"),
+            "CLAUDE_CONFIG_DIR": str(tmp / f"claude-{tag}"), "HOME": str(tmp),
             "XDG_RUNTIME_DIR": str(tmp / f"rt-{tag}"), "CROSSTALK_HARNESS": "fake",
             "CROSSTALK_FAKE_INBOX": str(tmp / f"inbox-{tag}")}
 

@@ -38,7 +38,7 @@ from crosstalk.core.policy import (
 from crosstalk.core.states import AskState, ClaimStatus, MessageState, ReplyState
 from crosstalk.harness.base import Binding, Delivery, Discovery, Harness, Outcome, Session
 from crosstalk.ingress.uds import UdsIngress
-from crosstalk.receiver import Receiver, ReceiverUnavailable
+from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable
 from crosstalk.store.journal import Journal, JournalError
 from crosstalk.store.registry import (
     Descriptor,
@@ -374,14 +374,21 @@ class Agent:
             raise ReplyRefused("sender_unverified", "the sender is not a registered agent; "
                                "answer with send_message if you know who it is")
         prior = self._replies.get(message_id)
+        ask = self._ask_entry(message_id)
         if prior is not None:
             if prior["text"] != text:
                 raise ReplyRefused("already_replied", "this message was already answered")
             if prior["state"] != ReplyState.PENDING.value:
                 return dict(prior["result"])
-        elif entry.ask in (AskState.EXPIRED, AskState.CLOSED):
+        elif ask is not None and ask.ask in (AskState.EXPIRED, AskState.CLOSED):
             raise ReplyRefused("ask_closed", "the ask's deadline passed or it was closed; "
                                "send_message reaches the asker if it still matters")
+        elif ask is not None and ask.ask is AskState.ANSWERED:
+            # Answered through another message of its task (R6): one answer per ask.
+            raise ReplyRefused("already_replied", "this ask was already answered")
+        elif ask is None and not entry.route_open(self.clock()):
+            raise ReplyRefused("ask_closed", "an inform can be answered with reply for an "
+                               "hour after it arrived; use send_message now")
         else:
             prior = {"reply_id": new_message_id(), "text": text, "to": entry.sender.agent_id,
                      "state": ReplyState.PENDING.value, "result": {}}
@@ -398,10 +405,24 @@ class Agent:
     async def _complete_reply(self, message_id: str, prior: dict[str, Any]) -> dict[str, Any]:
         """The stages after the obligation: answer the ask (completes its task), forward."""
         assert self.receiver is not None
-        entry = self.receiver.entries.get(message_id)
-        if entry is not None and entry.ask is AskState.OPEN:
-            self.receiver.close_ask(message_id, AskState.ANSWERED, prior["text"])
+        ask = self._ask_entry(message_id)
+        if ask is not None and ask.ask is AskState.OPEN:
+            self.receiver.close_ask(ask.message_id, AskState.ANSWERED, prior["text"])
         return await self._forward_reply(message_id, str(prior["to"]), prior)
+
+    def _ask_entry(self, message_id: str) -> Entry | None:
+        """The ask a reply to ``message_id`` answers: that message's own, or, for a
+        continuation of an ask's task, the ask that opened it (R6)."""
+        if self.receiver is None:
+            return None
+        ask_id = self.a2a.ask_of(message_id) if self.a2a is not None else None
+        if ask_id is None:
+            return None
+        entry = self.receiver.entries.get(ask_id)
+        this = self.receiver.entries.get(message_id)
+        if entry is None or this is None or entry.sender.agent_id != this.sender.agent_id:
+            return None  # only the asker's own continuations answer for its ask
+        return entry
 
     def _resume_replies(self) -> None:
         """Replies a crash left between their stages go on from where they stopped (R5)."""

@@ -47,7 +47,9 @@ TOOLS: list[types.Tool] = [
         name="list_agents",
         description=("List the agent sessions on this machine you can message: name, harness, "
                      "cwd, status, whether CrossTalk serves them and whether they are reachable. "
-                     "Call it before messaging someone whose exact name you do not know."),
+                     "A session with crosstalk=false receives send_message informs only (it "
+                     "cannot answer an ask). Call it before messaging someone whose exact name "
+                     "you do not know; where names repeat, address one by its agent_id."),
         input_schema=_schema({}, []),
     ),
     types.Tool(

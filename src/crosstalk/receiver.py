@@ -44,6 +44,10 @@ M = MessageState
 log = logging.getLogger(__name__)
 
 
+#: How long ``reply`` may answer an inform after it arrived (seed R7: inform routes expire).
+INFORM_ROUTE_SECONDS = 3600.0
+
+
 class ReceiverUnavailable(Exception):
     """The journal refused a write before acceptance: the message was not accepted."""
 
@@ -81,6 +85,15 @@ class Entry:
     #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
     #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
     stalled: bool = False
+    #: When the message was admitted (journal time): an inform's reply route lasts an hour.
+    arrived_at: float | None = None
+
+    def route_open(self, now: float) -> bool:
+        """Whether ``reply`` may still answer it (R7): an ask while open; an inform for
+        :data:`INFORM_ROUTE_SECONDS` after it arrived."""
+        if self.ask is not None:
+            return self.ask is AskState.OPEN
+        return self.arrived_at is None or now - self.arrived_at <= INFORM_ROUTE_SECONDS
 
     def result(self, *, duplicate: bool = False) -> Result:
         return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
@@ -213,7 +226,7 @@ class Receiver:
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
                       binding=self.binding.as_record() if self.binding else None, message=msg,
-                      deadline_seconds=msg.deadline_seconds)
+                      deadline_seconds=msg.deadline_seconds, arrived_at=self.clock())
         self.entries[msg.message_id] = entry
         self._notify(entry)
         return entry
@@ -230,11 +243,14 @@ class Receiver:
         """
         entry = self._record_final(msg, M.BOUNCED, "native_reply_not_forwarded",
                                    text=msg.text)
+        now = self.clock()
         open_inbound = [
             e for e in build_entries(self.journal.replay().records)
             if e.sender_agent_id not in (None, self.agent_id) and e.reply is None
             and (e.ask == AskState.OPEN.value or (
-                e.ask is None and e.state in (M.ACCEPTED.value, M.QUEUED.value)))
+                e.ask is None and e.state in (M.ACCEPTED.value, M.QUEUED.value)
+                and (known := self.entries.get(e.message_id)) is not None
+                and known.route_open(now)))
         ]
         first_line = msg.text.splitlines()[0] if msg.text else ""
         notice = Message(message_id=new_message_id(),
@@ -492,7 +508,9 @@ class Receiver:
                           task_id=rec.get("task_id"),
                           continuation=bool(rec.get("continuation")),
                           binding=rec.get("binding"), message=msg,
-                          deadline_seconds=deadline if isinstance(deadline, int) else 0)
+                          deadline_seconds=deadline if isinstance(deadline, int) else 0,
+                          arrived_at=ts if isinstance(ts := rec.get("ts"), (int, float))
+                          else None)
             self.entries[mid] = entry
             return
         entry.state, entry.reason = M(state), rec.get("reason")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from crosstalk.agent import Agent, AgentSpec
+from crosstalk.a2a import client as a2a_client
+from crosstalk.agent import Agent, AgentSpec, ReplyRefused
 from crosstalk.core.states import AskState
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.journal import Journal, read_journal
@@ -237,6 +238,114 @@ async def test_a_reply_interrupted_after_its_obligation_resumes_once(
                   if r.get("id") == asked.message_id and r.get("subject") in ("ask", "reply")]
         assert states == [("ask", "open"), ("reply", "pending"), ("ask", "answered"),
                           ("reply", "forwarded")]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_r6_a_reply_to_a_continuation_answers_the_ask_of_its_task(
+        pair: tuple[Agent, Agent]) -> None:
+    """R6: every continuation message id of a task leads to the ask that opened it."""
+    a, b = pair
+    url = a.registry.find("bob")[0].a2a_url
+    assert url is not None
+    first = await a2a_client.send(url, a.token, "which test is flaky?", kind="ask",
+                                  until_delivered=True)
+    assert first.state == "accepted"
+    assert first.task_id
+    more = await a2a_client.send(url, a.token, "the one in test_a2a.py", task_id=first.task_id,
+                                 until_delivered=True)
+    assert more.state == "accepted"
+    assert harness_of(b).texts() == ["which test is flaky?", "the one in test_a2a.py"]
+
+    answered = await b.reply(more.message_id, "test_retry")
+    assert answered["state"] == "accepted"
+    task = await a2a_client.get_task(url, a.token, first.task_id)
+    assert (task.task_state, task.completion, task.reply) == ("completed", "answered",
+                                                              "test_retry")
+    assert harness_of(a).writes[-1].delivery.message.in_reply_to == more.message_id
+    # One answer per ask: the ask's own message id, answered through its continuation, is
+    # already_replied; a retry of the same reply returns the first result.
+    with pytest.raises(ReplyRefused) as refused:
+        await b.reply(first.message_id, "test_retry")
+    assert refused.value.reason == "already_replied"
+    assert await b.reply(more.message_id, "test_retry") == answered
+    assert len(harness_of(a).writes) == 1
+    assert b.receiver is not None
+    assert b.receiver.entries[first.message_id].ask is AskState.ANSWERED
+
+
+async def test_r8_only_the_reply_tool_answers_an_ask(pair: tuple[Agent, Agent],
+                                                     tmp_path: Path,
+                                                     env: dict[str, str]) -> None:
+    """R8: an ask is answered only by the reply obligation its own session journals, bound
+    to the asker; a message that merely claims ``in_reply_to`` (even a rejected one) from
+    anyone else answers nothing, and the ask still expires at its deadline."""
+    a, b = pair
+    c = Agent(a.registry, AgentSpec(FakeHarness(name="fake"), "sess-c", "/w", "carol"),
+              env=env)
+    await c.start()
+    try:
+        asked = await a.send("bob", "deploy now?", kind="ask", deadline_seconds=2,
+                             until_delivered=True)
+        assert asked.state == "accepted"
+        forged = await c.send("bob", "yes (forged)", in_reply_to=asked.message_id)
+        assert forged.state == "accepted"  # delivered as an inform, nothing more
+        rejected = await c.send("bob", "yes (command)", kind="command",
+                                in_reply_to=asked.message_id)
+        assert rejected.state in {"accepted", "rejected"}
+        assert b.receiver is not None
+        assert b.receiver.entries[asked.message_id].ask is AskState.OPEN
+        for _ in range(100):
+            if b.receiver.entries[asked.message_id].ask is not AskState.OPEN:
+                break
+            await asyncio.sleep(0.05)
+        assert b.receiver.entries[asked.message_id].ask is AskState.EXPIRED
+        url = a.registry.find("bob")[0].a2a_url
+        assert url is not None
+        task = await a2a_client.get_task(url, a.token, str(asked.task_id))
+        assert task.task_state == "failed"
+        assert task.reply is None
+        with pytest.raises(ReplyRefused) as refused:
+            await b.reply(asked.message_id, "too late")
+        assert refused.value.reason == "ask_closed"
+        assert harness_of(a).texts() == []  # nothing ever reached the asker
+    finally:
+        await c.stop()
+
+
+async def test_r7_an_inform_route_expires_after_an_hour(tmp_path: Path,
+                                                       env: dict[str, str]) -> None:
+    """R7: reply answers an inform for an hour; after that it is ask_closed, and the bounce
+    notice no longer lists it."""
+    now = [1_800_000_000.0]
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env,
+              clock=lambda: now[0])
+    await a.start()
+    await b.start()
+    try:
+        early = await a.send("bob", "fyi one")
+        late = await a.send("bob", "fyi two")
+        assert early.state == late.state == "accepted"
+        now[0] += 3599
+        assert (await b.reply(early.message_id, "thanks"))["state"] == "accepted"
+        now[0] += 2
+        with pytest.raises(ReplyRefused) as refused:
+            await b.reply(late.message_id, "thanks again")
+        assert refused.value.reason == "ask_closed"
+        assert b.receiver is not None
+        assert not b.receiver.entries[late.message_id].route_open(now[0])
+        # Restored from the journal, the arrival time (and so the expiry) survives a restart.
+        await b.stop()
+        b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env,
+                  clock=lambda: now[0])
+        await b.start()
+        assert b.receiver is not None
+        assert not b.receiver.entries[late.message_id].route_open(now[0])
+        now[0] -= 2
+        assert b.receiver.entries[late.message_id].route_open(now[0])
     finally:
         await a.stop()
         await b.stop()

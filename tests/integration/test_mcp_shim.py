@@ -41,7 +41,10 @@ def anyio_backend() -> str:
 @pytest.fixture
 def world(tmp_path: Path) -> dict[str, str]:
     runtime = tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")
+    # Claude's config roots too: list_agents discovers Claude sessions, and the machine's own
+    # (~/.claude) must not leak into a test's world.
     return {**os.environ, "CROSSTALK_HOME": str(tmp_path / "state"),
+            "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"), "HOME": str(tmp_path),
             "XDG_RUNTIME_DIR": runtime, "CROSSTALK_HARNESS": "fake",
             "CROSSTALK_FAKE_INBOX": str(tmp_path / "inbox")}
 

@@ -898,6 +898,20 @@ class A2AServer:
         """The task a message belongs to (its first message or any continuation, R6)."""
         return self.store.task_for_message(message_id)
 
+    def ask_of(self, message_id: str) -> str | None:
+        """The ask a message answers for (R6): the message itself if it is an ask, else the
+        ask its task was opened by, when the message is one of that task's continuations."""
+        entry = self.receiver.entries.get(message_id)
+        if entry is not None and entry.ask is not None:
+            return message_id
+        task_id = self.store.task_for_message(message_id)
+        stored = self.store.lookup(task_id) if task_id is not None else None
+        for ref in stored.refs if stored is not None else ():
+            first = self.receiver.entries.get(ref)
+            if first is not None and first.ask is not None:
+                return ref
+        return None
+
     def resolve(self, message_id: str, state: MessageState, reason: str | None = None) -> None:
         """Apply a delivery outcome learned after the fact (seed "Server.Resolve").
 
