@@ -24,6 +24,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from crosstalk.a2a import client as a2a_client
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from crosstalk.store.registry import Registry
@@ -334,3 +335,78 @@ async def test_a_late_reply_to_an_expired_ask_is_ask_closed(world: dict[str, str
         assert late.is_error
         assert data(late)["error"] == "ask_closed"
         assert inbox(world, "a1") == []
+
+
+@pytest.mark.seed(21)
+async def test_two_shims_two_agents_each_nothing_lost_nothing_doubled(
+        world: dict[str, str]) -> None:
+    """Issue 4: two shims serving two agents each, real A2A between them: send, ask -> reply,
+    deadline expiry, cancel, and one shim restarted mid-ask."""
+    reg = Registry(Path(world["CROSSTALK_HOME"]))
+    async with shim(world) as s1:
+        async with shim(world) as s2:
+            for session, name in (("b1", "bob"), ("b2", "bea")):
+                await s2.call_tool("receive_message", {}, meta=meta(session, name))
+
+            async def call(client: Any, tool: str, session: str, name: str | None = None,
+                           **args: Any) -> dict[str, Any]:
+                return data(await client.call_tool(tool, args, meta=meta(session, name)))
+
+            sent = await call(s1, "send_message", "a1", "ann", to="bob", text="build green")
+            asked = await call(s1, "ask", "a2", "abe", to="bea", text="merge now?")
+            doomed = await call(s1, "ask", "a1", to="bea", text="quick one?",
+                                deadline_seconds=1)
+            pending = await call(s1, "ask", "a2", to="bob", text="across the restart?")
+            assert {sent["state"], asked["state"], doomed["state"], pending["state"]} == {
+                "accepted"}
+            replied = await call(s2, "reply", "b2", message_id=asked["message_id"],
+                                 text="yes, merge")
+            assert replied["state"] == "accepted"
+
+            # Cancel over A2A: a delivered ask is no longer cancelable, and stays answerable.
+            [abe] = reg.find("abe")
+            [bob] = reg.find("bob")
+            token = Path(abe.credential_ref).read_text().strip()
+            assert bob.a2a_url is not None
+            task = await a2a_client.send(bob.a2a_url, token, "cancel me?", kind="ask",
+                                         until_delivered=True)
+            assert task.task_id
+            cancel = await a2a_client.cancel_task(bob.a2a_url, token, task.task_id)
+            assert (cancel.state, cancel.reason) == ("rejected", "task_not_cancelable")
+
+            async def expired() -> bool:
+                box = await call(s2, "receive_message", "b2")
+                return any(e["message_id"] == doomed["message_id"] and e.get("ask") ==
+                           "expired" for e in box["entries"])
+
+            deadline = time.monotonic() + 20
+            while not await expired():
+                assert time.monotonic() < deadline, "the ask never expired"
+                await asyncio.sleep(0.2)
+            late = await s2.call_tool("reply", {"message_id": doomed["message_id"],
+                                                "text": "too late"}, meta=meta("b2"))
+            assert data(late)["error"] == "ask_closed"
+        # Shim 2 is gone mid-ask (bob has not answered `pending` or `cancel me?`): restart it.
+        assert reg.find("bob") == []
+        async with shim(world) as s2:
+            box = data(await s2.call_tool("receive_message", {}, meta=meta("b1", "bob")))
+            ids = [e["message_id"] for e in box["entries"]]
+            assert ids == [sent["message_id"], pending["message_id"], task.message_id]
+            back = data(await s2.call_tool("reply", {"message_id": pending["message_id"],
+                                                     "text": "yes, it survived"},
+                                           meta=meta("b1")))
+            assert back["state"] == "accepted"
+            answered = data(await s2.call_tool("reply", {"message_id": task.message_id,
+                                                         "text": "not canceled"},
+                                               meta=meta("b1")))
+            assert answered["state"] == "accepted"
+
+    def texts(session: str) -> list[str]:
+        return [m["text"] for m in inbox(world, session)]
+
+    assert texts("b1") == ["build green", "across the restart?", "cancel me?"]
+    assert texts("b2") == ["merge now?", "quick one?"]
+    assert texts("a1") == []
+    assert texts("a2") == ["yes, merge", "yes, it survived", "not canceled"]
+    assert [m["in_reply_to"] for m in inbox(world, "a2")] == [
+        asked["message_id"], pending["message_id"], task.message_id]
