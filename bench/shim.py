@@ -13,6 +13,9 @@ every figure's baseline is measured in the same run:
   (fake sessions spread over several shims, one ``receive_message`` each). Baselines: the raw
   descriptor read (``Registry.scan()`` in this process on the same state directory) and an
   unbound ``tools/call`` on the same client (the stdio + dispatch floor; it touches no state).
+* ``list_agents_200_claude_sessions``: the same answer when the machine has 200 Claude sessions
+  without CrossTalk (sleeping processes with real records, so liveness runs for real).
+  Baseline: Claude discovery in this process.
 * ``shim_rss_8_agents``: VmRSS of one shim serving 8 agents. Baseline: the same shim right
   after start (0 agents); the bare SDK server's VmRSS is reported beside it.
 
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,8 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from crosstalk import proc
+from crosstalk.harness.claude.registry import discover as claude_discover
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from crosstalk.store.registry import Liveness, Registry
 
@@ -319,6 +325,53 @@ async def bench_list_agents(tmp: Path, shims: int, sessions: int, calls: int) ->
               "one receive_message each, sessions concurrent")
 
 
+async def bench_claude_discovery(tmp: Path, sessions: int, calls: int) -> None:
+    """``list_agents`` when the machine has ``sessions`` Claude sessions without CrossTalk.
+
+    Each "session" is a real sleeping process with a Claude record in the world's config dir,
+    so the liveness check (pid + start time) runs for real. Baseline: ``discover()`` in-process.
+    """
+    env = world(tmp, "claude")
+    records = Path(env["CLAUDE_CONFIG_DIR"]) / "sessions"
+    records.mkdir(parents=True, mode=0o700)
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(sessions)]
+    try:
+        domain = proc.pid_domain()
+        for i, child in enumerate(sleepers):
+            record = {"pid": child.pid, "sessionId": str(uuid.uuid4()), "cwd": str(tmp),
+                      "startedAt": int(time.time() * 1000),
+                      "procStart": proc.process_start_time(child.pid), "version": "2.1.328",
+                      "kind": "interactive", "entrypoint": "cli", "pidDomain": domain,
+                      "messagingSocketPath": str(tmp / f"cc-{child.pid}.sock"),
+                      "name": f"claude-{i}", "status": "idle"}
+            (records / f"{child.pid}.json").write_text(json.dumps(record))
+        base = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            found = claude_discover(env)
+            base.append(time.perf_counter() - t)
+            if len(found) != sessions:
+                raise RuntimeError(f"discover() found {len(found)} sessions, not {sessions}")
+        async with Client(params(SHIM_ARGV, env, tmp), mode="legacy") as lister:
+            lat = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                listed = payload(await lister.call_tool("list_agents", {}))["agents"]
+                lat.append(time.perf_counter() - t)
+                if len(listed) != sessions:
+                    raise RuntimeError(f"list_agents listed {len(listed)}, not {sessions}")
+    finally:
+        for child in sleepers:
+            child.kill()
+            child.wait()
+    emit(figure=f"baseline_claude_discover_{sessions}", sessions=sessions, **ms(base),
+         note="harness.claude.registry.discover() in-process (record read + liveness)")
+    emit(figure=f"list_agents_{sessions}_claude_sessions", sessions=sessions, **ms(lat),
+         baseline=f"baseline_claude_discover_{sessions}",
+         over_discover_p50_ms=round((pct(lat, 50) - pct(base, 50)) * 1e3, 2),
+         note="unbound list_agents; every row a Claude session without CrossTalk")
+
+
 # -- 3. resident memory ----------------------------------------------------------------------
 
 
@@ -364,6 +417,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     await bench_start(tmp, args.runs)
     await bench_list_agents(tmp, args.shims, args.sessions, args.calls)
+    await bench_claude_discovery(tmp, args.shims * args.sessions, args.calls)
     await bench_rss(tmp, args.agents)
 
 
