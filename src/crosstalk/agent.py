@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +36,16 @@ from crosstalk.core.policy import (
     check_release,
 )
 from crosstalk.core.states import AskState, ClaimStatus, MessageState, ReplyState
-from crosstalk.harness.base import Binding, Delivery, Discovery, Harness, Outcome, Session
+from crosstalk.harness.base import (
+    Binding,
+    ControlSink,
+    Delivery,
+    Discovery,
+    Harness,
+    Outcome,
+    Receipt,
+    Session,
+)
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable
 from crosstalk.store.journal import Journal, JournalError
@@ -77,7 +86,8 @@ class Agent:
 
     def __init__(self, registry: Registry, spec: AgentSpec, *, limits: Limits | None = None,
                  env: dict[str, str] | None = None, clock: Callable[[], float] = time.time,
-                 idle_timeout: float = 30.0) -> None:
+                 idle_timeout: float = 30.0,
+                 control_sinks: Sequence[ControlSink] = ()) -> None:
         self.registry = registry
         self.spec = spec
         self.limits = limits or Limits()
@@ -96,6 +106,9 @@ class Agent:
         self._http: httpx.AsyncClient | None = None
         self._replies: dict[str, dict[str, Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Harnesses that read control frames (receipts) arriving at this agent's uds ingress.
+        self.control_sinks = list(control_sinks)
+        self._native_sends: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -136,7 +149,7 @@ class Agent:
                                      target_role=self._target_role, clock=self.clock)
             resumable = self.receiver.restore(records)
             self.uds = UdsIngress(uds_path, self.receiver, self.registry,
-                                  idle_timeout=self.idle_timeout)
+                                  idle_timeout=self.idle_timeout, control=self._on_control)
             await self.uds.start()
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, limits=self.limits)
@@ -227,6 +240,39 @@ class Agent:
             self.journal.append(record)
         except JournalError:
             log.warning("agent %s: could not journal %s", self.agent_id, record.get("type"))
+
+    # -- receipts (what a harness said after taking a message) ------------------------------
+
+    def _on_control(self, frame: Mapping[str, Any], pid: int | None,
+                    start: str | None) -> None:
+        for sink in self.control_sinks:
+            for receipt in sink(frame, pid, start):
+                self.apply_receipt(receipt)
+
+    def apply_receipt(self, receipt: Receipt) -> None:
+        """A late receipt for a message this agent injected (into its own session, or a
+        native inform into another): journaled; a held message the session's user released,
+        denied or let expire is settled (unknown -> accepted / unreachable)."""
+        if self.journal is None or self.receiver is None:
+            return
+        entry = self.receiver.entries.get(receipt.message_id)
+        if entry is None and receipt.message_id not in self._native_sends:
+            return  # another agent's frame (receipts are tracked per process)
+        self.journal_event({"type": "receipt", "id": receipt.message_id,
+                            "status": receipt.status, "reason": receipt.reason})
+        if entry is None or entry.state is not MessageState.UNKNOWN:
+            if receipt.status == "dropped":
+                log.warning("agent %s: %s was dropped by the session after it was taken "
+                            "(%s)", self.agent_id, receipt.message_id, receipt.reason)
+            return
+        settled = {"delivered": (MessageState.ACCEPTED, None),
+                   "denied": (MessageState.UNREACHABLE, "receipt_denied"),
+                   "expired": (MessageState.UNREACHABLE, "receipt_expired")}.get(receipt.status)
+        if settled is not None:
+            try:
+                self.receiver.resolve(receipt.message_id, *settled)
+            except ReceiverUnavailable as exc:
+                log.warning("agent %s: receipt not applied: %s", self.agent_id, exc)
 
     # -- claims (seed §7): this agent as a claim's target -----------------------------------
 
@@ -493,6 +539,7 @@ class Agent:
         if self.journal is None or self.uds is None:
             raise RegistryError("agent is not registered")
         mid = new_message_id()
+        self._native_sends.add(mid)
         to = f"{session.harness}:{session.session_ref}"
         try:
             self.journal.append({"type": NATIVE_SEND_RECORD, "id": mid, "to": to,

@@ -89,7 +89,10 @@ class Shim:
                          session_ref=identity.session_ref, cwd=identity.cwd,
                          session_name=identity.session_name, endpoint=identity.endpoint,
                          harness_pid=identity.harness_pid)
-        agent = Agent(self.registry, spec, limits=self.limits, env=self.env)
+        sinks = [sink for i in self.identifiers
+                 if callable(sink := getattr(i, "on_control", None))]
+        agent = Agent(self.registry, spec, limits=self.limits, env=self.env,
+                      control_sinks=sinks)
         choice = await agent.start()
         self.agents[key] = agent
         self.nudges[key] = NudgeCounter()

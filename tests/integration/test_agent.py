@@ -14,8 +14,9 @@ import pytest
 
 from crosstalk.a2a import client as a2a_client
 from crosstalk.agent import Agent, AgentSpec, ReplyRefused
-from crosstalk.core.states import AskState
-from crosstalk.harness.fake import FakeHarness
+from crosstalk.core.states import AskState, MessageState
+from crosstalk.harness.base import Receipt
+from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal import Journal, read_journal
 from crosstalk.store.registry import AgentBusy, Registry
 
@@ -349,3 +350,27 @@ async def test_r7_an_inform_route_expires_after_an_hour(tmp_path: Path,
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest.mark.parametrize(("status", "state", "task_state"), [
+    ("delivered", MessageState.ACCEPTED, "completed"),
+    ("denied", MessageState.UNREACHABLE, "failed"),
+])
+async def test_a_held_message_is_settled_by_its_later_receipt(
+        pair: tuple[Agent, Agent], status: str, state: MessageState, task_state: str) -> None:
+    """Issue 5: a message the session held for its user is unknown (never "delivered") until
+    the harness's receipt says released or denied; the sender's task then settles."""
+    a, b = pair
+    harness_of(b).then(Step(MessageState.UNKNOWN, "held_for_approval", evidence="held"))
+    sent = await a.send("bob", "needs your user's ok", until_delivered=True)
+    assert (sent.state, sent.reason) == ("unknown", "held_for_approval")
+    assert b.receiver is not None
+    b.apply_receipt(Receipt("0190b000-0000-7000-8000-000000000000", "delivered"))  # not ours
+    b.apply_receipt(Receipt(sent.message_id, status))
+    assert b.receiver.entries[sent.message_id].state is state
+    url = a.registry.find("bob")[0].a2a_url
+    assert url is not None
+    task = await a2a_client.get_task(url, a.token, str(sent.task_id))
+    assert task.task_state == task_state
+    receipts = [r for r in b.journal_records() if r.get("type") == "receipt"]
+    assert [(r["id"], r["status"]) for r in receipts] == [(sent.message_id, status)]

@@ -8,7 +8,7 @@ by tests, benchmarks and the demo.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -160,3 +160,20 @@ class Discovery(Protocol):
     async def send_native(self, session: Session, delivery: Delivery) -> Outcome:
         """Put an inform into a session that has no CrossTalk, from ``delivery.reply_address``."""
         ...
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a harness said about a message after it took it (Claude's peer_message_status):
+    ``held``, ``dropped``, ``delivered``, ``denied`` or ``expired``."""
+
+    message_id: str
+    status: str
+    reason: str | None = None
+    #: The harness's own id of the frame (Claude's ``msg_id``).
+    frame_id: str | None = None
+
+
+#: A control frame that reached an agent's uds ingress, with the peer's pid and start time:
+#: returns the receipts in it that nobody was waiting for (the agent applies them).
+ControlSink = Callable[[Mapping[str, Any], int | None, str | None], list[Receipt]]

@@ -43,7 +43,7 @@ import re
 import secrets
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -80,6 +80,10 @@ _KEY_READ_LIMIT = 4096
 #: In-flight accepts surface as connection tasks within a few loop turns after the listener
 #: closes; stop() waits this many quiet turns before it declares the server drained.
 _SETTLE_TURNS = 8
+
+
+#: Receives a control frame with the peer's pid and start time (``None`` if unknown).
+ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
 
 
 class IngressError(RuntimeError):
@@ -262,6 +266,7 @@ class UdsIngress:
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
         max_connections: int = MAX_CONNECTIONS,
+        control: ControlHandler | None = None,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.key_path = uds_key_path(self.path)
@@ -271,6 +276,8 @@ class UdsIngress:
         self.max_line = max_line
         self.close_grace = close_grace
         self.max_connections = max_connections
+        #: Where control frames (Claude's receipts) go; they are never messages.
+        self.control = control
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[Any], _Conn] = {}
         #: Dispatches of native frames whose sockets were already closed (see _shape_b).
@@ -433,9 +440,9 @@ class UdsIngress:
         elif kind == "user":
             await self._shape_b(obj, peer, conn)
         elif kind == "control":
-            # Receipts (peer_message_status) and other control frames are not messages; they
-            # are never injected. Routing receipts to the journal is a later step.
-            log.debug("uds ingress %s: control frame %r ignored", self.path, obj.get("action"))
+            # Receipts (peer_message_status) and other control frames are not messages: never
+            # injected, never answered; the handler decides whether they name our frames.
+            self._control(obj, peer)
         else:
             log.debug("uds ingress %s: unknown frame type", self.path)
 
@@ -452,7 +459,7 @@ class UdsIngress:
                 raise BadFrame("no user line after auth")
             obj = parse_line(line)
             if obj.get("type") == "control":
-                log.debug("uds ingress %s: control frame after auth ignored", self.path)
+                self._control(obj, peer)
                 return
             if obj.get("type") != "user":
                 raise BadFrame("not a user frame")
@@ -501,6 +508,15 @@ class UdsIngress:
             task = asyncio.get_running_loop().create_task(self._dispatch(admitted))
             self._dispatches.add(task)
             task.add_done_callback(self._dispatches.discard)
+
+    def _control(self, obj: Mapping[str, Any], peer: _Peer | None) -> None:
+        if self.control is None:
+            log.debug("uds ingress %s: control frame %r ignored", self.path, obj.get("action"))
+            return
+        try:
+            self.control(obj, peer.pid if peer else None, peer.start_time if peer else None)
+        except Exception:
+            log.exception("uds ingress %s: control frame handler failed", self.path)
 
     async def _dispatch(self, entry: Entry) -> None:
         try:

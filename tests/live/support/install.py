@@ -1,0 +1,114 @@
+"""Install the pinned Claude Code release from npm into a cache folder this test run owns.
+
+    python -m tests.live.support.install          # prints the path of the native binary
+
+The npm package ``@anthropic-ai/claude-code`` ships its native linux-x64 build as a platform
+package (``node_modules/@anthropic-ai/…linux-x64…/claude``); we run that binary directly, never
+the JS wrapper, so no Node process sits between tmux and the session. Idempotent: a cache
+whose binary is already there (and answers ``--version`` with the pinned version) is reused.
+
+The cache is ``<repo>/.cache/live/claude-code-<version>`` unless ``CROSSTALK_LIVE_CACHE`` names
+another folder. Installing only talks to the npm registry; the binary itself is only ever run
+inside a loopback-only network namespace (see ``claude.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = "@anthropic-ai/claude-code"
+VERSION = "2.1.328"
+REPO = Path(__file__).resolve().parents[3]
+INSTALL_TIMEOUT = 600.0
+
+
+class InstallError(RuntimeError):
+    """The pinned Claude Code binary could not be installed or found."""
+
+
+def cache_dir(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    configured = env.get("CROSSTALK_LIVE_CACHE")
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return REPO / ".cache" / "live" / f"claude-code-{VERSION}"
+
+
+def find_binary(prefix: Path) -> Path | None:
+    """The native linux-x64 ``claude`` under ``prefix/node_modules/@anthropic-ai``."""
+    scope = prefix / "node_modules" / "@anthropic-ai"
+    if not scope.is_dir():
+        return None
+    found = sorted(p for p in scope.rglob("claude")
+                   if p.is_file() and "linux-x64" in str(p.relative_to(scope))
+                   and "musl" not in str(p.relative_to(scope)))
+    for path in found:
+        if os.access(path, os.X_OK) and _is_elf(path):
+            return path
+    return None
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def installed_version(binary: Path) -> str | None:
+    """The version of the platform package that holds ``binary`` (from its package.json).
+
+    Read from the file, not by running ``claude --version``: the binary is only ever run
+    inside the loopback-only namespace.
+    """
+    try:
+        meta = json.loads((binary.parent / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    version = meta.get("version") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) else None
+
+
+def ensure_claude(env: dict[str, str] | None = None) -> Path:
+    """Install (once) and return the path of the pinned native ``claude`` binary."""
+    prefix = cache_dir(env)
+    binary = find_binary(prefix)
+    if binary is not None and installed_version(binary) == VERSION:
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InstallError("npm is not on PATH: the live suite needs Node.js and npm to install "
+                           f"{PACKAGE}@{VERSION}")
+    prefix.mkdir(parents=True, exist_ok=True)
+    cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+           "--save-exact", "--loglevel=error", f"{PACKAGE}@{VERSION}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"{' '.join(cmd)} took longer than {INSTALL_TIMEOUT:.0f} s") from None
+    if done.returncode != 0:
+        raise InstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    binary = find_binary(prefix)
+    if binary is None:
+        raise InstallError(f"{PACKAGE}@{VERSION} installed into {prefix}, but no native "
+                           "linux-x64 'claude' binary was found under node_modules/@anthropic-ai")
+    version = installed_version(binary)
+    if version != VERSION:
+        raise InstallError(f"{binary} reports version {version!r}, expected {VERSION}")
+    return binary
+
+
+if __name__ == "__main__":
+    try:
+        print(ensure_claude())
+    except InstallError as exc:
+        print(f"install: {exc}", file=sys.stderr)
+        sys.exit(1)
