@@ -206,6 +206,10 @@ class Agent:
         reg, self.registration = self.registration, None
         if reg is not None:
             reg.close()  # removes our descriptor and token only if they are still ours
+        if self.uds is not None:
+            # Socket and key next (the harness may kill us within half a second); the rest
+            # of the ingress winds down below.
+            self.uds.close_listener()
         for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(BaseException):

@@ -4,7 +4,9 @@
 registered agent, reads that agent's key file (it never creates one), writes the auth line and
 one user line carrying our metadata (``"crosstalk": {"message_id": <uuid7>}``), half-closes and
 reads the one ack line. The script is not a registered agent, so the receiver sees an
-unverified sender: an inform labelled unverified, never a wake. The message enters the one
+unverified sender: an inform labelled unverified, never a wake where the harness can hold
+it back (Codex: appended without a turn; Claude 2.1.328 starts a turn for any frame into an
+idle session, even at priority "later"). The message enters the one
 receiver chain; the CLI injects nothing itself.
 
 ``tail`` prints an agent's journal records without locking or repairing the file.

@@ -333,6 +333,13 @@ class UdsIngress:
             raise
         log.debug("uds ingress serving on %s", self.path)
 
+    def close_listener(self) -> None:
+        """Stop accepting and remove our socket and key now; :meth:`stop` finishes the rest."""
+        if self._server is not None and not self._closing:
+            self._closing = True
+            self._server.close()
+            self._remove_files()
+
     async def stop(self) -> None:
         """Stop listening, finish or cancel every connection, remove our socket and key."""
         server, self._server = self._server, None
@@ -340,6 +347,10 @@ class UdsIngress:
             return
         self._closing = True
         server.close()
+        # The address goes first: a harness may kill us within ~0.5 s of asking us to stop
+        # (Claude: SIGINT, SIGTERM 100 ms later, SIGKILL 400 ms after that), and a socket and
+        # key left behind outlive us. Accepted connections are not affected by the unlink.
+        self._remove_files()
         quiet = 0
         while quiet < _SETTLE_TURNS:
             if self._conns:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,12 @@ class Netns:
     """A network namespace with only ``lo`` (up), kept alive by a sleeping holder process."""
 
     def __init__(self) -> None:
-        unshare, nsenter, ip = (shutil.which(t) for t in ("unshare", "nsenter", "ip"))
-        if not (unshare and nsenter and ip):
-            raise LiveError("the live suite needs unshare, nsenter and ip (util-linux, iproute2)")
+        tools = {t: shutil.which(t) for t in ("unshare", "nsenter", "ip", "tmux")}
+        missing = [t for t, path in tools.items() if path is None]
+        if missing:
+            raise LiveError(f"the live suite needs {', '.join(missing)} on PATH "
+                            "(Debian packages util-linux, iproute2, tmux)")
+        unshare, ip = str(tools["unshare"]), str(tools["ip"])
         self.holder = subprocess.Popen(
             [unshare, "-n", "sh", "-c",
              f"{ip} link set lo up && echo ready && exec sleep infinity"],
@@ -306,31 +309,31 @@ class World:
         self.sessions: list[LiveClaude] = []
         self.leftovers: list[str] = []
         self._seed_settings()
-        self.trust(self.root)
-        self.mock = Mock(netns, self.root)
+        try:
+            self.mock = Mock(netns, self.root)
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
-    # .claude.json: onboarding done, the dummy key approved; projects are added per session.
     def _seed_settings(self) -> None:
-        self._write_claude_json({
+        """``.claude.json``: onboarding done, the dummy key approved, and the world's root
+        trusted (trust covers every directory below it, so each session's cwd is trusted
+        without a later write racing Claude's own rewrites of this file). ``settings.json``:
+        CrossTalk's tools allowed without a prompt (and bypass mode's warning accepted, for a
+        session started with ``permission_mode="bypassPermissions"``)."""
+        (self.config_dir / ".claude.json").write_text(json.dumps({
             "hasCompletedOnboarding": True, "theme": "dark", "numStartups": 5,
             "bypassPermissionsModeAccepted": True, "autoUpdates": False,
             "customApiKeyResponses": {"approved": [API_KEY[-20:]], "rejected": []},
-            "projects": {}})
+            "projects": {str(self.root): {"hasTrustDialogAccepted": True,
+                                          "hasCompletedProjectOnboarding": True,
+                                          "projectOnboardingSeenCount": 1,
+                                          "allowedTools": []}},
+        }, indent=1))
         (self.config_dir / "settings.json").write_text(json.dumps({
             "permissions": {"allow": ALLOW_RULES},
             "skipDangerousModePermissionPrompt": True,
         }, indent=1))
-
-    def _write_claude_json(self, data: dict[str, Any]) -> None:
-        (self.config_dir / ".claude.json").write_text(json.dumps(data, indent=1))
-
-    def trust(self, cwd: Path) -> None:
-        path = self.config_dir / ".claude.json"
-        data = json.loads(path.read_text())
-        data.setdefault("projects", {})[str(cwd)] = {
-            "hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True,
-            "projectOnboardingSeenCount": 1, "allowedTools": []}
-        self._write_claude_json(data)
 
     @property
     def env(self) -> dict[str, str]:
@@ -409,7 +412,6 @@ class LiveClaude:
         self.pid: int | None = None
         self._children: set[int] = set()
         self._session_ids: set[str] = set()
-        self.started_at = 0.0
         self.stopped = False
 
     # -- start ----------------------------------------------------------------------------
@@ -419,7 +421,8 @@ class LiveClaude:
         return {"PATH": SYSTEM_PATH, "HOME": str(w.home), "TERM": "xterm-256color",
                 "LANG": "C.UTF-8", "CLAUDE_CONFIG_DIR": str(w.config_dir),
                 "XDG_RUNTIME_DIR": str(w.runtime), "ANTHROPIC_BASE_URL": w.mock.base_url,
-                "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1"}
+                "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1",
+                **({"IS_SANDBOX": "1"} if self.permission_mode == "bypassPermissions" else {})}
 
     def _argv(self) -> list[str]:
         argv = [str(self.world.binary), "--name", self.name,
@@ -446,15 +449,15 @@ class LiveClaude:
         """Start Claude and wait until its registry record exists and its prompt is drawn."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self._env().items())
         command = f"exec env -i {env} {shlex.join(self._argv())}"
-        self.started_at = time.monotonic()
         done = subprocess.run(
             self.world.netns.argv("tmux", "-S", str(self.tmux_socket), "new-session", "-d",
                                   "-s", "cc", "-x", "200", "-y", "50", "-c", str(self.cwd),
-                                  command),
+                                  command,
+                                  # keep the pane (and its last screen) if claude dies early
+                                  ";", "set-option", "-t", "cc", "remain-on-exit", "on"),
             capture_output=True, text=True, timeout=30, check=False)
         if done.returncode != 0:
             raise LiveError(f"tmux new-session failed: {done.stderr.strip()}")
-        self.tmux("set-option", "-t", "cc", "remain-on-exit", "on", check=False)
         pane = self.tmux("display-message", "-p", "-t", "cc", "#{pane_pid}").stdout.strip()
         self.pid = int(pane)
         binary = self.world.binary.resolve()
@@ -520,6 +523,20 @@ class LiveClaude:
     def wait_descriptor(self, timeout: float = 20.0) -> dict[str, Any]:
         result: dict[str, Any] = wait_for(self.descriptor, timeout,
                                           what=f"CrossTalk descriptor of {self.name}")
+        return result
+
+    def wait_named(self, timeout: float = 15.0) -> dict[str, Any]:
+        """The descriptor once it carries the session's ``--name``: Claude records a name
+        derived from the cwd first and the given one ~0.2 s later; the shim follows."""
+        def named() -> dict[str, Any] | None:
+            desc = self.descriptor()
+            return desc if desc is not None and desc.get("name") == self.name else None
+        try:
+            result: dict[str, Any] = wait_for(named, timeout,
+                                              what=f"descriptor named {self.name!r}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; descriptor: {self.descriptor()}\n"
+                                 f"{self.diagnostics()}") from None
         return result
 
     def screen(self) -> str:
@@ -633,15 +650,11 @@ class LiveClaude:
         with contextlib.suppress(Exception):
             lines.append("screen:\n" + self.screen())
         with contextlib.suppress(OSError):
-            tail = self.debug_log.read_text(errors="replace").splitlines()[-60:]
-            lines.append("debug log tail:\n" + "\n".join(tail))
+            log = self.debug_log.read_text(errors="replace").splitlines()
+            mcp = [line for line in log if 'MCP server "crosstalk"' in line
+                   or "uds-messaging" in line]
+            lines.append("debug log, crosstalk MCP server and inbox lines:\n"
+                         + "\n".join(line[:400] for line in mcp[-40:]))
+            lines.append("debug log tail:\n" + "\n".join(line[:400] for line in log[-40:]))
         return "\n".join(lines)
 
-
-def iter_shim_processes() -> Iterator[tuple[int, list[str]]]:
-    """Every ``crosstalk mcp`` process on the machine (for leak checks)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            argv = cmdline(int(entry.name))
-            if argv[-3:] == ["-m", "crosstalk", "mcp"]:
-                yield int(entry.name), argv

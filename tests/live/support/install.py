@@ -39,6 +39,14 @@ def cache_dir(env: dict[str, str] | None = None) -> Path:
     return REPO / ".cache" / "live" / f"claude-code-{VERSION}"
 
 
+def _ignore_in_git(prefix: Path) -> None:
+    """Keep the ~370 MB cache out of ``git status`` and ``git add -A`` wherever it lives (as
+    ``.pytest_cache`` does): a ``.gitignore`` of ``*`` ignores the folder and itself."""
+    marker = prefix / ".gitignore"
+    if not marker.exists():
+        marker.write_text("# created by tests/live/support/install.py\n*\n")
+
+
 def find_binary(prefix: Path) -> Path | None:
     """The native linux-x64 ``claude`` under ``prefix/node_modules/@anthropic-ai``."""
     scope = prefix / "node_modules" / "@anthropic-ai"
@@ -80,12 +88,14 @@ def ensure_claude(env: dict[str, str] | None = None) -> Path:
     prefix = cache_dir(env)
     binary = find_binary(prefix)
     if binary is not None and installed_version(binary) == VERSION:
+        _ignore_in_git(prefix)
         return binary
     npm = shutil.which("npm")
     if npm is None:
         raise InstallError("npm is not on PATH: the live suite needs Node.js and npm to install "
                            f"{PACKAGE}@{VERSION}")
     prefix.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(prefix)
     cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
            "--save-exact", "--loglevel=error", f"{PACKAGE}@{VERSION}"]
     try:
