@@ -25,6 +25,7 @@ from crosstalk.a2a.server import A2AServer
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
+from crosstalk.core.mailbox import RECEIPT_RECORD
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import (
@@ -262,7 +263,7 @@ class Agent:
         entry = self.receiver.entries.get(receipt.message_id)
         if entry is None and receipt.message_id not in self._native_sends:
             return  # another agent's frame (receipts are tracked per process)
-        self.journal_event({"type": "receipt", "id": receipt.message_id,
+        self.journal_event({"type": RECEIPT_RECORD, "id": receipt.message_id,
                             "status": receipt.status, "reason": receipt.reason})
         if entry is None or entry.state is not MessageState.UNKNOWN:
             if receipt.status == "dropped":

@@ -100,9 +100,13 @@ class MailboxEntry:
     reason: str | None = None
     ask: str | None = None
     reply: str | None = None
+    #: What the harness said after taking it (Claude's receipt: held, delivered, dropped:<why>,
+    #: denied, expired), the latest one.
+    receipt: str | None = None
 
     def to_tool_dict(self) -> dict[str, Any]:
-        """JSON-ready, with stable keys; ``ask`` and ``reply`` appear only when present."""
+        """JSON-ready, with stable keys; ``ask``, ``reply`` and ``receipt`` appear only when
+        present."""
         out: dict[str, Any] = {
             "message_id": self.message_id,
             "from": self.sender,
@@ -118,6 +122,8 @@ class MailboxEntry:
             out["ask"] = self.ask
         if self.reply is not None:
             out["reply"] = self.reply
+        if self.receipt is not None:
+            out["receipt"] = self.receipt
         return out
 
 
@@ -153,15 +159,23 @@ def _sender(rec: Mapping[str, Any]) -> tuple[str, str | None]:
     return name or agent_id or UNVERIFIED, agent_id
 
 
+#: The journal record type of a harness's receipt for a message (``Agent.apply_receipt``).
+RECEIPT_RECORD = "receipt"
+
+
 def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
     """Fold journal records into one entry per message id, ordered by latest change."""
     entries: dict[str, MailboxEntry] = {}
     asks: dict[str, tuple[str, str | None, int]] = {}
+    receipts: dict[str, tuple[str, int]] = {}
     for rec in records:
         subject, rid, state, seq = rec.get("subject"), rec.get("id"), rec.get("state"), _seq(rec)
         if not isinstance(rid, str) or not rid or seq is None:
             continue
-        if subject == "ask" and state in _ASK_STATES:
+        if rec.get("type") == RECEIPT_RECORD and isinstance(status := rec.get("status"), str):
+            reason = _str(rec.get("reason"))
+            receipts[rid] = (f"{status}:{reason}" if reason else status, seq)
+        elif subject == "ask" and state in _ASK_STATES:
             prior_reply = asks[rid][1] if rid in asks else None
             reply = _str(rec.get("reply"))
             asks[rid] = (str(state), reply if reply is not None else prior_reply, seq)
@@ -172,6 +186,11 @@ def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
             entry = entries[rid]
             entries[rid] = replace(entry, ask=ask_state, reply=reply,
                                    last_seq=max(entry.last_seq, ask_seq))
+    for rid, (receipt, receipt_seq) in receipts.items():
+        if rid in entries:
+            entry = entries[rid]
+            entries[rid] = replace(entry, receipt=receipt,
+                                   last_seq=max(entry.last_seq, receipt_seq))
     return sorted(entries.values(), key=lambda e: e.last_seq)
 
 
