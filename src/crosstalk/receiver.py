@@ -248,7 +248,10 @@ class Receiver:
             e for e in build_entries(self.journal.replay().records)
             if e.sender_agent_id not in (None, self.agent_id) and e.reply is None
             and (e.ask == AskState.OPEN.value or (
-                e.ask is None and e.state in (M.ACCEPTED.value, M.QUEUED.value)
+                # Still dispatching counts: a session can answer natively before the injector
+                # has the inbox's close (and the receipt grace) behind it (live, issue 5).
+                e.ask is None
+                and e.state in (M.ACCEPTED.value, M.QUEUED.value, M.DISPATCHING.value)
                 and (known := self.entries.get(e.message_id)) is not None
                 and known.route_open(now)))
         ]

@@ -1384,3 +1384,25 @@ async def test_bounce_notice_omits_answered_asks_and_survives_restart(rig: Rig) 
     assert "ask-open" in text
     assert "ask-done" not in text
     assert rig.states("native-3") == ["bounced"]
+
+
+@pytest.mark.seed(5)
+@pytest.mark.anyio
+async def test_bounce_lists_an_ask_still_being_dispatched(rig: Rig) -> None:
+    """Live (issue 5): a session may answer natively before the injector has the inbox's close
+    and the receipt grace behind it; the ask it answers must be listed all the same."""
+    gate = asyncio.Event()
+    rig.fake.then(Step(gate=gate))
+    asking = asyncio.ensure_future(rig.receiver.receive(msg("ask-slow", kind=Kind.ASK,
+                                                            text="q?")))
+    while not rig.fake.parked.is_set():
+        await asyncio.sleep(0)
+    assert rig.receiver.entries["ask-slow"].state is M.DISPATCHING
+    bounced = await rig.receiver.receive(msg("native-fast", sender=SELF_NATIVE, text="42",
+                                             native=True))
+    assert bounced.state is M.BOUNCED
+    gate.set()
+    assert (await asking).state is M.ACCEPTED
+    notice = [w.text for w in rig.fake.writes if "was not delivered" in w.text]
+    assert len(notice) == 1
+    assert "ask-slow" in notice[0]

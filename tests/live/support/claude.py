@@ -238,6 +238,10 @@ class Mock:
     def add_rules(self, *rules: dict[str, Any]) -> None:
         self.control.add_rules(*rules)
 
+    def open_gate(self, name: str) -> None:
+        """Let the requests held at gate ``name`` (a rule's ``"gate"``) be answered."""
+        self.control.open_gate(name)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -265,6 +269,14 @@ def last_user_text(entry: Entry) -> str:
     """All text of the request's last user message (its blocks joined by newlines)."""
     body = entry.get("body")
     return message_text(last_user(body)) if isinstance(body, dict) else ""
+
+
+def request_text(entry: Entry) -> str:
+    """All text of every message of the request (user, assistant and ``role:"system"`` turns:
+    a peer message that arrives mid-turn is a system turn, not the last user message)."""
+    body = entry.get("body")
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return "\n".join(message_text(m) for m in messages or [])
 
 
 def user_text_blocks(entry: Entry) -> list[str]:
@@ -359,6 +371,25 @@ class World:
                     out.append(data)
         return out
 
+    def journal(self, agent_id: str) -> list[dict[str, Any]]:
+        """The records of ``<CROSSTALK_HOME>/journal/<agent_id>.jsonl`` (read without locking,
+        a torn tail skipped), oldest first."""
+        from crosstalk.store.journal import read_journal  # the package under test
+
+        return list(read_journal(self.state / "journal" / f"{agent_id}.jsonl").records)
+
+    def journal_summary(self, limit: int = 40) -> str:
+        """One line per journal record of every agent (for failure diagnostics)."""
+        lines: list[str] = []
+        for path in sorted((self.state / "journal").glob("*.jsonl")):
+            records = self.journal(path.stem)
+            lines.append(f"journal {path.stem}: {len(records)} records")
+            for rec in records[-limit:]:
+                text = str(rec.get("text") or "").replace("\n", "\\n")
+                lines.append(f"  {rec.get('seq')} {rec.get('subject')} {rec.get('id')} "
+                             f"{rec.get('state')} {rec.get('reason') or ''} {text[:80]}")
+        return "\n".join(lines)
+
     def crosstalk(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the ``crosstalk`` CLI of this venv, outside the namespace, as a user would."""
         script = Path(self.python).parent / "crosstalk"
@@ -387,6 +418,8 @@ class World:
             parts.append(claude.diagnostics())
         with contextlib.suppress(OSError):
             parts.append("mock stderr:\n" + self.mock.stderr_path.read_text()[-2000:])
+        with contextlib.suppress(Exception):
+            parts.append(self.journal_summary())
         return "\n".join(parts)
 
 

@@ -17,7 +17,8 @@ Log: one JSON line per HTTP request, ``{"seq", "t", "method", "path", "session",
 
 Control protocol: connect, write one JSON object and a newline, read one JSON line back.
 ``{"op": "ping"}``, ``{"op": "add_rules", "rules": [...]}``, ``{"op": "clear_rules"}``,
-``{"op": "rules"}`` (list the pending ones).
+``{"op": "rules"}`` (list the pending ones), ``{"op": "open_gate", "name": "g"}`` (let the
+requests waiting at gate ``g`` be answered, now and later).
 
 A rule (all keys optional except one of ``text``/``tool_use``)::
 
@@ -28,9 +29,15 @@ A rule (all keys optional except one of ``text``/``tool_use``)::
      "main_only": true,           # only main-loop requests (they carry "tools")
      "once": true,                # consumed when it fires
      "delay_s": 0,                # sleep before answering (a long turn)
+     "gate": "g",                 # answer only once the test opened gate "g" (a model that
+                                  # thinks until the test says so); "gate_timeout_s": 60
+     "capture": {"name": "regex"},  # searched like "match" (all must match for the rule to
+                                  # apply); group 1, else the whole match, replaces {{name}}
+                                  # in "text" and in every string of the tool_use input
      "text": "assistant text",
      "tool_use": {"name": "mcp__crosstalk__send_message", "input": {...}},
-     "then": {<rule without match>}}   # answers the request carrying this tool_use's result
+     "then": {<rule without match>}}   # answers the request carrying this tool_use's result;
+                                  # it inherits the captures (and may add its own)
 
 Requests that no rule answers (main loop, title generation, classifiers) get a short text
 answer with ``stop_reason: end_turn``.
@@ -42,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import socketserver
 import sys
@@ -62,6 +70,7 @@ class MockState:
         self.lock = threading.Lock()
         self.rules: list[dict[str, Any]] = []
         self.followups: dict[str, dict[str, Any]] = {}
+        self.gates: dict[str, threading.Event] = {}
         self.log_path = log_path
         self.seq = 0
         # Created empty now, so "no requests yet" and "log missing" cannot be confused.
@@ -85,20 +94,30 @@ class MockState:
             return len(self.rules)
 
     def pick(self, body: dict[str, Any], session: str | None) -> dict[str, Any] | None:
-        """A follow-up owed to a tool_result in this request, else the first matching rule."""
+        """A follow-up owed to a tool_result in this request, else the first matching rule.
+
+        A rule with captures comes back as a copy carrying them under ``_captures``."""
         main = bool(body.get("tools"))
         with self.lock:
             for tool_use_id in tool_result_ids(last_user(body)):
                 followup = self.followups.pop(tool_use_id, None)
                 if followup is not None:
-                    return followup
+                    # A follow-up's own captures are optional: it is owed either way.
+                    return _with_captures(followup, _captures(followup, body) or {})
             for rule in self.rules:
                 if not _applies(rule, body, session, main):
                     continue
+                found = _captures(rule, body)
+                if found is None:
+                    continue
                 if rule.get("once", True):
                     self.rules.remove(rule)
-                return rule
+                return _with_captures(rule, found)
         return None
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
 
     def expect_followup(self, tool_use_id: str, rule: dict[str, Any]) -> None:
         with self.lock:
@@ -118,6 +137,47 @@ def _applies(rule: dict[str, Any], body: dict[str, Any], session: str | None,
     if rule.get("scope", "last_user") == "any":
         return any(needle in message_text(m) for m in body.get("messages") or [])
     return needle in message_text(last_user(body))
+
+
+def _scope_text(rule: dict[str, Any], body: dict[str, Any]) -> str:
+    if rule.get("scope", "last_user") == "any":
+        return "\n".join(message_text(m) for m in body.get("messages") or [])
+    return message_text(last_user(body))
+
+
+def _captures(rule: dict[str, Any], body: dict[str, Any]) -> dict[str, str] | None:
+    """The rule's ``capture`` patterns found in its scope (None: one did not match)."""
+    patterns = rule.get("capture") or {}
+    if not patterns:
+        return {}
+    text = _scope_text(rule, body)
+    out: dict[str, str] = {}
+    for name, pattern in patterns.items():
+        m = re.search(pattern, text)
+        if m is None:
+            return None
+        out[name] = m.group(1) if m.re.groups else m.group(0)
+    return out
+
+
+def _with_captures(rule: dict[str, Any], found: dict[str, str]) -> dict[str, Any]:
+    inherited = rule.get("_captures") or {}
+    if not found and not inherited:
+        return rule
+    return dict(rule, _captures={**inherited, **found})
+
+
+def _fill(value: Any, captures: dict[str, str]) -> Any:
+    """``value`` with ``{{name}}`` replaced by each capture, in every string inside it."""
+    if isinstance(value, str):
+        for name, captured in captures.items():
+            value = value.replace("{{" + name + "}}", captured)
+        return value
+    if isinstance(value, list):
+        return [_fill(v, captures) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, captures) for k, v in value.items()}
+    return value
 
 
 def last_user(body: dict[str, Any]) -> dict[str, Any]:
@@ -164,12 +224,13 @@ def blocks_for(rule: dict[str, Any] | None, main: bool) -> list[dict[str, Any]]:
     if rule is None:
         return [{"type": "text", "text": DEFAULT_TEXT if main else TITLE_TEXT}]
     out: list[dict[str, Any]] = []
+    captures = rule.get("_captures") or {}
     if rule.get("text"):
-        out.append({"type": "text", "text": str(rule["text"])})
+        out.append({"type": "text", "text": _fill(str(rule["text"]), captures)})
     if rule.get("tool_use"):
         tool = rule["tool_use"]
         out.append({"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24],
-                    "name": tool["name"], "input": tool.get("input", {})})
+                    "name": tool["name"], "input": _fill(tool.get("input", {}), captures)})
     return out or [{"type": "text", "text": DEFAULT_TEXT}]
 
 
@@ -230,12 +291,20 @@ class Handler(BaseHTTPRequestHandler):
         blocks = blocks_for(rule, main)
         for block in blocks:
             if block["type"] == "tool_use" and rule is not None and rule.get("then"):
-                state.expect_followup(block["id"], dict(rule["then"]))
+                state.expect_followup(block["id"], _with_captures(
+                    dict(rule["then"]), rule.get("_captures") or {}))
         entry["rule"] = rule.get("id") if rule else None
         entry["response"] = blocks
+        if rule is not None and rule.get("_captures"):
+            entry["captures"] = rule["_captures"]
         state.record(entry)
         if rule is not None and rule.get("delay_s"):
             time.sleep(float(rule["delay_s"]))
+        if rule is not None and rule.get("gate"):
+            opened = state.gate(str(rule["gate"])).wait(float(rule.get("gate_timeout_s", 60)))
+            if not opened:
+                print(f"mock: gate {rule['gate']!r} not opened in time; answering anyway",
+                      file=sys.stderr, flush=True)
         self._answer(body, blocks)
 
     def _answer(self, body: dict[str, Any], blocks: list[dict[str, Any]]) -> None:
@@ -326,6 +395,12 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
                 self.state.rules.clear()
                 self.state.followups.clear()
             return {"ok": True}
+        if op == "open_gate":
+            name = request.get("name")
+            if not isinstance(name, str) or not name:
+                return {"ok": False, "error": "open_gate needs a name"}
+            self.state.gate(name).set()
+            return {"ok": True}
         if op == "rules":
             with self.state.lock:
                 return {"ok": True, "rules": list(self.state.rules),
@@ -387,6 +462,9 @@ class MockControl:
 
     def clear_rules(self) -> None:
         self.call({"op": "clear_rules"})
+
+    def open_gate(self, name: str) -> None:
+        self.call({"op": "open_gate", "name": name})
 
 
 def read_log(path: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from crosstalk.core.envelope import render_claude
-from crosstalk.core.message import DeliveryMode
+from crosstalk.core.message import DeliveryMode, Ingress
 from crosstalk.core.pacing import TokenBucket
 from crosstalk.core.states import MessageState
 from crosstalk.harness.base import (
@@ -60,9 +60,11 @@ def priority_for(delivery: Delivery) -> str:
 
 def render(delivery: Delivery, *, from_address: str) -> str:
     msg = delivery.message
+    # The shim's own notices (bounces, claims) are not a peer's claims: not "unverified".
+    verified = msg.sender.verified or msg.sender.ingress is Ingress.LOCAL
     return render_claude(body=msg.text, from_address=from_address, from_name=msg.sender.label,
                          message_id=msg.message_id, kind=msg.kind.value,
-                         in_reply_to=msg.in_reply_to, verified=msg.sender.verified)
+                         in_reply_to=msg.in_reply_to, verified=verified)
 
 
 #: How long an injection waits for an immediate receipt (held, or a first drop) after the
