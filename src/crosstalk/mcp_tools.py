@@ -231,6 +231,8 @@ class Tools:
             payload["hint"] = _native_hint(target, refused=reason == "native_inform_only")
         elif res.reason == "no_such_agent":  # gone between lookup and send
             payload["hint"] = "no live agent has that name or id; call list_agents"
+        elif res.reason in _SEND_HINTS:
+            payload["hint"] = _SEND_HINTS[res.reason]
         nudge = self.shim.nudge_counter(identity).record(
             target.peer_key, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
         if nudge is not None:
@@ -328,6 +330,22 @@ class Tools:
             hint = f"{hint} ({detail})" if hint else detail
         raise ToolError(reason, hint or None, **where)
 
+
+_SEND_HINTS = {
+    "permission_mode_parity": (
+        "that Claude session runs in another permission mode (one bypasses permissions, the "
+        "other does not), and Claude delivers a peer's message only between equal modes; "
+        "nothing was delivered. Its user can allow it with crossSessionInbound: accept"),
+    "inbound_refuse_by_setting": (
+        "that Claude session refuses messages from other sessions (crossSessionInbound: "
+        "refuse); nothing was delivered"),
+    "inbound_hold_by_setting": (
+        "that Claude session holds messages from other sessions for its user's approval "
+        "(crossSessionInbound: hold), which CrossTalk cannot ask for; nothing was delivered"),
+    "held_for_approval": (
+        "that session is holding the message for its user's approval: not delivered yet, "
+        "and not lost"),
+}
 
 _CONTROL_HINTS = {
     "no_such_agent": "no live agent has that name or id; call list_agents",

@@ -64,6 +64,9 @@ async def _watch_parent(ppid: int, shim: Shim) -> None:
 async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
                       ppid: int | None = None) -> None:
     registry = Registry(ensure_private_dir(state_dir(env)))
+    for identifier in identifiers:
+        if isinstance(identifier, ClaudeIdentifier):
+            identifier.lookup = registry.live_descriptor  # a sender's session, for parity
     shim = Shim(registry, identifiers, env=env)
     server = build_server(Tools(shim))
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from crosstalk.core.envelope import render_claude
-from crosstalk.core.message import DeliveryMode, Ingress
+from crosstalk.core.message import DeliveryMode, Ingress, Sender
 from crosstalk.core.pacing import TokenBucket
 from crosstalk.core.states import MessageState
 from crosstalk.harness.base import (
@@ -36,7 +36,7 @@ from crosstalk.harness.base import (
     Receipt,
     Session,
 )
-from crosstalk.harness.claude import inbox, receipts
+from crosstalk.harness.claude import inbox, mode, receipts
 from crosstalk.harness.claude.registry import (
     ClaudeSession,
     SessionBinding,
@@ -46,6 +46,7 @@ from crosstalk.harness.claude.registry import (
     read_peer_token,
     read_record,
 )
+from crosstalk.store.registry import Descriptor
 
 HARNESS = "claude"
 
@@ -58,13 +59,13 @@ def priority_for(delivery: Delivery) -> str:
     return "next"
 
 
-def render(delivery: Delivery, *, from_address: str) -> str:
+def render(delivery: Delivery, *, from_address: str, from_mode: str = "prompting") -> str:
     msg = delivery.message
     # The shim's own notices (bounces, claims) are not a peer's claims: not "unverified".
     verified = msg.sender.verified or msg.sender.ingress is Ingress.LOCAL
     return render_claude(body=msg.text, from_address=from_address, from_name=msg.sender.label,
                          message_id=msg.message_id, kind=msg.kind.value,
-                         in_reply_to=msg.in_reply_to, verified=verified)
+                         in_reply_to=msg.in_reply_to, verified=verified, mode=from_mode)
 
 
 #: How long an injection waits for an immediate receipt (held, or a first drop) after the
@@ -109,14 +110,15 @@ class Injector:
     bucket: Callable[[], TokenBucket] = TokenBucket
 
     async def deliver(self, session: ClaudeSession, delivery: Delivery, *, from_address: str,
-                      session_id: str | None) -> Outcome:
+                      session_id: str | None, from_mode: str = "prompting") -> Outcome:
         socket = session.messaging_socket_path
         if socket is None:
             return Outcome(MessageState.UNREACHABLE, "claude_no_inbox")
         pacer = _pacer(from_address, self.bucket)
         message_id = delivery.message.message_id
         msg_id = inbox.msg_id_for(message_id)
-        frame = inbox.user_frame(render(delivery, from_address=from_address), msg_id=msg_id,
+        frame = inbox.user_frame(render(delivery, from_address=from_address,
+                                        from_mode=from_mode), msg_id=msg_id,
                                  from_address=from_address, priority=priority_for(delivery),
                                  session_id=session_id)
         reason = "dropped"
@@ -154,10 +156,38 @@ class Injector:
 
 
 async def deliver_to_session(session: ClaudeSession, delivery: Delivery, *,
-                             from_address: str, session_id: str | None) -> Outcome:
+                             from_address: str, session_id: str | None,
+                             from_mode: str = "prompting") -> Outcome:
     """One message into ``session``'s inbox, as ``from_address`` (an agent's uds ingress)."""
     return await Injector().deliver(session, delivery, from_address=from_address,
-                                    session_id=session_id)
+                                    session_id=session_id, from_mode=from_mode)
+
+
+#: The permission mode of a message's sender (``None``: it asserts none, e.g. not Claude).
+SenderMode = Callable[[Sender], "mode.Mode | None"]
+
+
+def parity_refusal(session: ClaudeSession, sender: Sender,
+                   sender_mode: SenderMode) -> str | None:
+    """Why Claude itself would not deliver this peer's message now, or ``None`` (ADR 0008).
+
+    Claude applies its inbound rule to peers but not to its own descendants, and the shim is
+    one; so the shim applies it: ``crossSessionInbound`` accept delivers, refuse and hold do
+    not (we cannot ask the session's user), and with no setting the sender's mode class must
+    equal the session's (a sender with no mode passes unless the session bypasses). The
+    shim's own notices always pass."""
+    if sender.ingress is Ingress.LOCAL:
+        return None
+    policy = mode.inbound_policy(session.config_dir, session.cwd)
+    if policy == "accept":
+        return None
+    if policy is not None:
+        return f"inbound_{policy}_by_setting"
+    receiver = mode.session_mode(session.pid, session.config_dir, session.cwd)
+    theirs = sender_mode(sender)
+    if (theirs is None and receiver == "bypass") or (theirs is not None and theirs != receiver):
+        return "permission_mode_parity"
+    return None
 
 
 @dataclass
@@ -167,6 +197,8 @@ class ClaudeHarness:
     config_dir: Path
     pid: int
     name: str = HARNESS
+    #: Enforces Claude's permission-mode parity for peers (``None``: not enforced).
+    sender_mode: SenderMode | None = None
 
     @property
     def record_path(self) -> Path:
@@ -180,6 +212,11 @@ class ClaudeHarness:
             return Outcome(MessageState.UNREACHABLE, "session_superseded")
         if delivery.reply_address is None:
             return Outcome(MessageState.UNREACHABLE, "no_reply_address")
+        if self.sender_mode is not None:
+            refusal = await asyncio.to_thread(parity_refusal, session, delivery.message.sender,
+                                              self.sender_mode)
+            if refusal is not None:
+                return Outcome(MessageState.UNREACHABLE, refusal)
         return await deliver_to_session(session, delivery, from_address=delivery.reply_address,
                                         session_id=binding.session_ref)
 
@@ -207,6 +244,8 @@ class ClaudeIdentifier:
     #: Agents register at shim start, not on their first call (design doc §4.2).
     eager: bool = True
     supersession: bool = True
+    #: A live descriptor by agent_id (the registry's), to learn a verified sender's session.
+    lookup: Callable[[str], Descriptor | None] | None = None
 
     @classmethod
     def for_parent(cls, env: Mapping[str, str], ppid: int,
@@ -232,8 +271,22 @@ class ClaudeIdentifier:
             # Raced a /clear: inject re-checks the record and refuses a superseded session.
             pid = identity.harness_pid or (self.bindings[0].ppid if self.bindings else 0)
             config = self.bindings[0].config_dir if self.bindings else Path("/nonexistent")
-            return ClaudeHarness(config, pid)
-        return ClaudeHarness(session.config_dir, session.pid)
+            return ClaudeHarness(config, pid, sender_mode=self.sender_mode)
+        return ClaudeHarness(session.config_dir, session.pid, sender_mode=self.sender_mode)
+
+    def sender_mode(self, sender: Sender) -> mode.Mode | None:
+        """A verified Claude sender's session mode (its process and settings); ``None`` for
+        any other sender: it asserts no mode."""
+        if sender.agent_id is None or self.lookup is None:
+            return None
+        desc = self.lookup(sender.agent_id)
+        if desc is None or desc.harness != HARNESS or desc.harness_pid is None:
+            return None
+        for root in config_dirs(self.env):
+            record = read_record(root / "sessions" / f"{desc.harness_pid}.json")
+            if record is not None and record.session_id == desc.session_ref:
+                return mode.session_mode(record.pid, record.config_dir, record.cwd)
+        return None
 
 
     def on_control(self, frame: Mapping[str, Any], peer_pid: int | None,
@@ -252,8 +305,16 @@ class ClaudeIdentifier:
         if (record is None or liveness(record) != "live"
                 or record.session_id != session.session_ref):
             return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
+        # Claude applies its own inbound rule here (we are not its descendant): say the
+        # sending session's real mode, or a bypass receiver holds a bypass sender too.
+        sender_mode = await asyncio.to_thread(self.sender_mode, delivery.message.sender)
         return await deliver_to_session(record, delivery, from_address=delivery.reply_address,
-                                        session_id=record.session_id)
+                                        session_id=record.session_id,
+                                        from_mode=_mode_attr(sender_mode))
+
+
+def _mode_attr(m: mode.Mode | None) -> str:
+    return "bypass" if m == "bypass" else "prompting"
 
 
 def session_row(s: ClaudeSession) -> Session:
