@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from crosstalk import __version__
+from crosstalk.config import DELIVERY_TIMEOUT
 
 EXIT_USAGE = 2
 
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("to", help="agent name or agent_id")
     send.add_argument("text", help="the message, or - to read it from stdin")
     send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
-    send.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+    send.add_argument("--timeout", type=float, default=DELIVERY_TIMEOUT, metavar="SECONDS",
                       help="how long to wait for the ack (default 30)")
     tail = sub.add_parser("tail", help="print an agent's journal (every journal if none named)")
     tail.add_argument("agent", nargs="?", help="agent name or agent_id")

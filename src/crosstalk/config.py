@@ -55,6 +55,10 @@ def uds_key_path(uds_path: Path) -> Path:
     return uds_path.with_name(uds_path.name + ".key")
 
 
+#: How long a sender may wait for a delivery outcome: a paced injection into a Claude session
+#: can wait ~55 s for a token, and a dropped frame is resent after 31 s (ADR 0007).
+DELIVERY_TIMEOUT = 150.0
+
 #: Claude Code refuses socket paths longer than this (sun_path with room to spare).
 MAX_SOCKET_PATH = 103
 

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from crosstalk.config import journal_path, uds_key_path
+from crosstalk.config import DELIVERY_TIMEOUT, journal_path, uds_key_path
 from crosstalk.core.ids import is_agent_id, new_message_id
 from crosstalk.store.journal import read_journal
 from crosstalk.store.registry import Descriptor, Registry
@@ -177,7 +177,7 @@ class Sent:
         return EXIT_OK if self.state in _OK_STATES else EXIT_STATE
 
 
-def send(home: Path, to: str, text: str, *, timeout: float = 30.0,
+def send(home: Path, to: str, text: str, *, timeout: float = DELIVERY_TIMEOUT,
          message_id: str | None = None) -> Sent:
     """Resolve, read the key, deliver one message through the agent's uds ingress."""
     if not text:
@@ -193,7 +193,8 @@ def send(home: Path, to: str, text: str, *, timeout: float = 30.0,
     return Sent(message_id, ack)
 
 
-def run_send(home: Path, to: str, text: str, *, as_json: bool = False, timeout: float = 30.0,
+def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
+             timeout: float = DELIVERY_TIMEOUT,
              stdin: IO[str] | None = None, out: IO[str] | None = None,
              err: IO[str] | None = None) -> int:
     """The ``crosstalk send`` command: ``text`` ``-`` reads the message from stdin."""

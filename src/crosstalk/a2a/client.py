@@ -51,6 +51,7 @@ from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InternalError
 from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a import wire
+from crosstalk.config import DELIVERY_TIMEOUT
 from crosstalk.core.ids import new_message_id
 
 DEFAULT_TIMEOUT = 30.0
@@ -259,9 +260,9 @@ async def cancel_task(url: str, token: str, task_id: str, *,
 
 def _default_timeout(kind: str, deadline_seconds: int, *, waits: bool) -> float:
     if kind == "ask" and waits:
-        return (deadline_seconds + DEFAULT_TIMEOUT if deadline_seconds
+        return (deadline_seconds + DELIVERY_TIMEOUT if deadline_seconds
                 else ASK_WITHOUT_DEADLINE_TIMEOUT)
-    return DEFAULT_TIMEOUT
+    return DELIVERY_TIMEOUT
 
 
 def result_from_task(task: pb.Task, message_id: str | None) -> SendResult:
