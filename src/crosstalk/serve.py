@@ -39,7 +39,7 @@ def identifiers_from_env(env: dict[str, str], ppid: int | None = None) -> list[I
     """
     chosen = env.get("CROSSTALK_HARNESS", "")
     found: list[Identifier] = [
-        CodexIdentifier(cwd=os.getcwd()),
+        CodexIdentifier(cwd=os.getcwd(), env=dict(env)),
         ClaudeIdentifier.for_parent(env, os.getppid() if ppid is None else ppid),
     ]
     if chosen == "fake":
@@ -48,6 +48,12 @@ def identifiers_from_env(env: dict[str, str], ppid: int | None = None) -> list[I
             ensure_private_dir(Path(inbox))
         found.append(FakeIdentifier(cwd=os.getcwd(), inbox_dir=inbox))
     return found
+
+
+def _codex_endpoints(registry: Registry) -> list[str]:
+    """App-server endpoints that live Codex agents were bound to (seed CQ10)."""
+    return [d.harness_endpoint for d in registry.live()
+            if d.harness == "codex" and d.harness_endpoint]
 
 
 async def _watch_parent(ppid: int, shim: Shim) -> None:
@@ -67,6 +73,8 @@ async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
     for identifier in identifiers:
         if isinstance(identifier, ClaudeIdentifier):
             identifier.lookup = registry.live_descriptor  # a sender's session, for parity
+        if isinstance(identifier, CodexIdentifier):
+            identifier.recorded_endpoints = lambda: _codex_endpoints(registry)
     shim = Shim(registry, identifiers, env=env)
     server = build_server(Tools(shim))
     try:

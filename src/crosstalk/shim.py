@@ -85,6 +85,11 @@ class Shim:
         return await asyncio.shield(task)
 
     async def _create(self, key: AgentKey, identifier: Identifier, identity: Identity) -> Agent:
+        bind = getattr(identifier, "bind", None)
+        if bind is not None:
+            # Harness evidence gathered once, before registration (Codex: the thread's host
+            # app-server and its name there). Identity by session_ref is unchanged.
+            identity = await bind(identity)
         spec = AgentSpec(harness=identifier.harness_for(identity),
                          session_ref=identity.session_ref, cwd=identity.cwd,
                          session_name=identity.session_name, endpoint=identity.endpoint,

@@ -289,7 +289,7 @@ async def test_codex_threads_are_bound_by_thread_id_per_call(world: dict[str, st
         assert rows[a1]["name"] == f"codex-proj-{a1[:8]}"
         assert rows[a2]["name"] == f"codex-proj-{a2[:8]}"
         assert rows[a1]["cwd"] == str(cwd)
-        # No app-server binding yet: sending works, inbound is a definite refusal.
+        # No app-server has the thread loaded: sending works, inbound is a definite refusal.
         await other.call_tool("receive_message", {}, meta=meta("f1", "fred"))
         out = data(await codex.call_tool("send_message", {"to": "fred", "text": "from t1"},
                                          meta={"threadId": t1}))
@@ -299,7 +299,7 @@ async def test_codex_threads_are_bound_by_thread_id_per_call(world: dict[str, st
         back = data(await other.call_tool("send_message", {"to": rows[a1]["name"],
                                                            "text": "to t1"}, meta=meta("f1")))
         assert back["state"] == "unreachable"
-        assert back["reason"] == "codex_thread_not_bound"
+        assert back["reason"] == "codex_thread_not_loaded"
         # Each call is routed by its own evidence; none -> unbound.
         mine = data(await codex.call_tool("receive_message", {"state": "unreachable"},
                                           meta={"threadId": t1}))

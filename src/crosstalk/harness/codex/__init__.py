@@ -1,24 +1,50 @@
 """Codex: threads identified by ``_meta.threadId`` on every ``tools/call`` (design doc §4.6).
 
 One Codex MCP process may serve several threads (connection pooling), so the thread comes from
-each request's own ``_meta``, never from the process. Injection needs the thread's app-server
-endpoint (``$CODEX_HOME/app-server-control/app-server-control.sock`` or a recorded one); until
-a thread is bound to exactly one endpoint, sending works and inbound is ``unreachable`` with a
-reason that says so (seed §3, R11: missing evidence is unreachable).
+each request's own ``_meta``, never from the process. Injection goes through the app-server
+that has the thread loaded (``$CODEX_HOME/app-server-control/app-server-control.sock``, plus
+any endpoint a descriptor recorded): exactly one host binds; several are
+``ambiguous_endpoint``; none is ``unreachable`` with a reason that says so (seed §3 CQ10, R11:
+missing evidence is unreachable). A verified immediate message starts (or joins) a turn; a
+next_turn or unverified one is appended to the thread's history without waking it (CQ3).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
 
+from crosstalk.core.envelope import render_peer
+from crosstalk.core.message import Ingress
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome
+from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome, Session
+from crosstalk.harness.codex.appserver import (
+    REQUEST_TIMEOUT,
+    AppServer,
+    AppServerError,
+    NotSent,
+    ServerError,
+)
+
+log = logging.getLogger(__name__)
 
 HARNESS = "codex"
+#: Discovery must not stall list_agents on a hung app-server.
+DISCOVERY_TIMEOUT: Final = 3.0
+MAX_THREADS: Final = 500
+
+
+def control_socket(env: Mapping[str, str]) -> str:
+    """``$CODEX_HOME/app-server-control/app-server-control.sock`` (CODEX_HOME: ``~/.codex``)."""
+    home = env.get("CODEX_HOME") or os.path.join(env.get("HOME") or str(Path.home()),
+                                                 ".codex")
+    return os.path.join(home, "app-server-control", "app-server-control.sock")
 _THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._:-]{0,127}$")
 
 
@@ -36,22 +62,111 @@ def thread_id_from_meta(meta: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-@dataclass
-class UnboundCodexHarness:
-    """A thread with no app-server endpoint bound: every injection is a definite refusal."""
+def render(delivery: Delivery) -> str:
+    msg = delivery.message
+    return render_peer(body=msg.text, from_name=msg.sender.label, message_id=msg.message_id,
+                       kind=msg.kind.value, in_reply_to=msg.in_reply_to,
+                       verified=msg.sender.verified or msg.sender.ingress is Ingress.LOCAL)
 
+
+async def loaded_threads(server: AppServer) -> list[str]:
+    """Every thread id loaded in that app-server process (paged)."""
+    ids: list[str] = []
+    cursor: str | None = None
+    while len(ids) < MAX_THREADS:
+        page = await server.request("thread/loaded/list",
+                                    {"cursor": cursor} if cursor else {})
+        data = page.get("data") if isinstance(page, dict) else None
+        ids.extend(t for t in data or [] if isinstance(t, str))
+        cursor = page.get("nextCursor") if isinstance(page, dict) else None
+        if not isinstance(cursor, str) or not cursor:
+            break
+    return ids
+
+
+async def hosts_of(thread_id: str, endpoints: Sequence[str]) -> list[str]:
+    """The endpoints whose app-server has ``thread_id`` loaded (CQ10: ``thread/read`` alone
+    could answer from stored history; only the loaded list proves a live host)."""
+    async def check(endpoint: str) -> str | None:
+        try:
+            async with AppServer(endpoint, timeout=DISCOVERY_TIMEOUT) as server:
+                return endpoint if thread_id in await loaded_threads(server) else None
+        except AppServerError as exc:
+            log.debug("codex endpoint %s: %s", endpoint, exc)
+            return None
+
+    found = await asyncio.gather(*(check(e) for e in dict.fromkeys(endpoints)
+                                   if os.path.exists(e)))
+    return [e for e in found if e is not None]
+
+
+async def inject_into(endpoint: str, thread_id: str, delivery: Delivery, *,
+                      timeout: float = REQUEST_TIMEOUT) -> Outcome:
+    """``turn/start`` (verified and immediate: wakes an idle thread, joins a running turn) or
+    ``thread/inject_items`` (next_turn or unverified: the model sees it on its next request)."""
+    text = render(delivery)
+    try:
+        async with AppServer(endpoint, timeout=timeout) as server:
+            if delivery.wake:
+                result = await server.request("turn/start", {
+                    "threadId": thread_id,
+                    "input": [{"type": "text", "text": text, "text_elements": []}]})
+                turn = result.get("turn") if isinstance(result, dict) else None
+                turn_id = turn.get("id") if isinstance(turn, dict) else None
+                if not isinstance(turn_id, str) or not turn_id:
+                    return Outcome(MessageState.UNKNOWN, "malformed_turn_start")
+                return Outcome(MessageState.ACCEPTED, None, f"turn {turn_id}")
+            await server.request("thread/inject_items", {
+                "threadId": thread_id,
+                "items": [{"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": text}]}]})
+            return Outcome(MessageState.QUEUED, None, "inject_items")
+    except NotSent as exc:
+        log.info("codex inject into %s via %s: %s", thread_id, endpoint, exc)
+        return Outcome(MessageState.UNREACHABLE, "app_server_unreachable")
+    except ServerError as exc:
+        reason = ("codex_thread_not_loaded" if "not found" in exc.message
+                  else f"app_server_refused:{exc.code}")
+        return Outcome(MessageState.UNREACHABLE, reason)
+    except AppServerError as exc:  # sent, no answer: ambiguous, never resent
+        log.warning("codex inject into %s via %s: %s", thread_id, endpoint, exc)
+        return Outcome(MessageState.UNKNOWN, "app_server_no_answer")
+
+
+@dataclass
+class CodexHarness:
+    """Injects into one thread, through whichever known app-server has it loaded now."""
+
+    thread_id: str
+    endpoints: Callable[[], list[str]]
     name: str = HARNESS
-    reason: str = "codex_thread_not_bound"
+    timeout: float = REQUEST_TIMEOUT
 
     async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
-        return Outcome(MessageState.UNREACHABLE, self.reason)
+        hosts = await hosts_of(self.thread_id, self.endpoints())
+        if len(hosts) > 1:
+            return Outcome(MessageState.UNREACHABLE, "ambiguous_endpoint")
+        if not hosts:
+            return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+        return await inject_into(hosts[0], self.thread_id, delivery, timeout=self.timeout)
 
 
 @dataclass
 class CodexIdentifier:
     name: str = HARNESS
     cwd: str = field(default_factory=os.getcwd)
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Endpoints recorded in live descriptors (set by the shim's composition root).
+    recorded_endpoints: Callable[[], list[str]] | None = None
+    #: Codex serves several threads per process: a thread is never evidence against another.
+    supersession: bool = False
     harnesses: dict[str, Harness] = field(default_factory=dict)
+
+    def endpoints(self) -> list[str]:
+        found = [control_socket(self.env)]
+        if self.recorded_endpoints is not None:
+            found += self.recorded_endpoints()
+        return list(dict.fromkeys(found))
 
     def identify(self, meta: Mapping[str, Any] | None) -> Identity | None:
         thread = thread_id_from_meta(meta)
@@ -59,9 +174,99 @@ class CodexIdentifier:
             return None
         return Identity(HARNESS, thread, self.cwd)
 
+    async def bind(self, identity: Identity) -> Identity:
+        """Before the thread's agent registers: its one live host (recorded as the agent's
+        endpoint) and its name there (``thread.name``, the harness name of CQ8). No host or
+        several: unbound, and inbound says why on each delivery."""
+        hosts = await hosts_of(identity.session_ref, self.endpoints())
+        if len(hosts) != 1:
+            return identity
+        name: str | None = None
+        try:
+            async with AppServer(hosts[0], timeout=DISCOVERY_TIMEOUT) as server:
+                got = await server.request("thread/read", {"threadId": identity.session_ref})
+            thread = got.get("thread") if isinstance(got, dict) else None
+            value = thread.get("name") if isinstance(thread, dict) else None
+            name = value if isinstance(value, str) and value else None
+            cwd = thread.get("cwd") if isinstance(thread, dict) else None
+        except AppServerError as exc:
+            log.debug("codex thread %s: no name (%s)", identity.session_ref, exc)
+            cwd = None
+        return replace(identity, endpoint=hosts[0], session_name=name,
+                       cwd=cwd if isinstance(cwd, str) and cwd else identity.cwd)
+
     def harness_for(self, identity: Identity) -> Harness:
         harness = self.harnesses.get(identity.session_ref)
         if harness is None:
-            harness = UnboundCodexHarness()
+            harness = CodexHarness(identity.session_ref, self.endpoints)
             self.harnesses[identity.session_ref] = harness
         return harness
+
+    # -- discovery (harness.base.Discovery) ----------------------------------------------
+
+    def discover(self) -> list[Session]:
+        """Loaded user threads on every known app-server (blocking: its own event loop)."""
+        return asyncio.run(self._discover())
+
+    async def _discover(self) -> list[Session]:
+        by_endpoint = await asyncio.gather(*(_threads_at(e) for e in self.endpoints()
+                                             if os.path.exists(e)))
+        seen: dict[str, list[Session]] = {}
+        for sessions in by_endpoint:
+            for s in sessions:
+                seen.setdefault(s.session_ref, []).append(s)
+        rows: list[Session] = []
+        for ref, hosts in seen.items():
+            if len(hosts) == 1:
+                rows.append(hosts[0])
+            else:  # loaded on several servers: listed, but no single host to deliver to
+                rows.append(Session(HARNESS, ref, hosts[0].name, hosts[0].cwd, hosts[0].status,
+                                    reachable=False, detail="ambiguous_endpoint"))
+        return rows
+
+    async def send_native(self, session: Session, delivery: Delivery) -> Outcome:
+        if session.locator is None:
+            return Outcome(MessageState.UNREACHABLE, "ambiguous_endpoint")
+        return await inject_into(session.locator, session.session_ref, delivery)
+
+
+async def _threads_at(endpoint: str) -> list[Session]:
+    try:
+        async with AppServer(endpoint, timeout=DISCOVERY_TIMEOUT) as server:
+            ids = await loaded_threads(server)
+            reads = await asyncio.gather(
+                *(server.request("thread/read", {"threadId": t}) for t in ids),
+                return_exceptions=True)
+    except AppServerError as exc:
+        log.debug("codex endpoint %s: %s", endpoint, exc)
+        return []
+    rows = []
+    for got in reads:
+        thread = got.get("thread") if isinstance(got, dict) else None
+        row = _session_row(thread, endpoint) if isinstance(thread, dict) else None
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _session_row(thread: Mapping[str, Any], endpoint: str) -> Session | None:
+    """A user's thread (not ephemeral helpers, titles or sub-agents), as a directory row."""
+    tid = thread.get("id")
+    if not isinstance(tid, str) or thread.get("ephemeral") is True:
+        return None
+    if thread.get("threadSource") not in (None, "user") or thread.get("parentThreadId"):
+        return None
+    status = thread.get("status")
+    kind = status.get("type") if isinstance(status, dict) else None
+    if kind == "notLoaded":
+        return None
+    flags = status.get("activeFlags") if isinstance(status, dict) else None
+    shown = {"idle": "idle", "active": "busy", "systemError": "error"}.get(str(kind), "unknown")
+    detail = None
+    if kind == "active" and isinstance(flags, list) and flags:
+        shown, detail = "waiting", ",".join(str(f) for f in flags)[:64]
+    name = thread.get("name")
+    cwd = thread.get("cwd")
+    return Session(HARNESS, tid, name if isinstance(name, str) and name else None,
+                   cwd if isinstance(cwd, str) else None, shown,
+                   reachable=kind != "systemError", locator=endpoint, detail=detail)
