@@ -59,6 +59,10 @@ class FakeAppServer:
     fail: dict[str, str] = field(default_factory=dict)
     #: methods to swallow without an answer (a server that hangs).
     hang: set[str] = field(default_factory=set)
+    #: methods carried out whose answer is lost (the connection stays silent).
+    lose_answer: set[str] = field(default_factory=set)
+    #: thread id -> its turns, oldest first: {"id", "items": [userMessage items]}.
+    turns: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _server: Server | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -115,6 +119,8 @@ class FakeAppServer:
                     await ws.send(json.dumps({"id": rid, "error": {
                         "code": -32600, "message": str(exc.args[0])}}))
                     continue
+                if method in self.lose_answer:
+                    continue
             await ws.send(json.dumps({"id": rid, "result": result}))
 
     def _loaded(self, tid: Any) -> Thread:
@@ -137,8 +143,14 @@ class FakeAppServer:
             text = "".join(i.get("text", "") for i in params.get("input", []))
             if t.turn is None or t.status != "active":
                 t.turn, t.status = f"turn-{next(self._ids)}", "active"
+                self.turns.setdefault(t.id, []).append({"id": t.turn, "items": []})
+            self.turns[t.id][-1]["items"].append({
+                "type": "userMessage", "content": [{"type": "text", "text": text}]})
             self.inputs.append(Input(t.id, "turn/start", text, t.turn))
             return {"turn": {"id": t.turn, "status": "inProgress", "items": []}}
+        if method == "thread/turns/list":
+            t = self._loaded(params.get("threadId"))
+            return {"data": list(reversed(self.turns.get(t.id, []))), "nextCursor": None}
         if method == "thread/inject_items":
             t = self._loaded(params.get("threadId"))
             for item in params.get("items", []):

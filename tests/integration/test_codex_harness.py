@@ -154,3 +154,46 @@ async def test_discovery_lists_loaded_user_threads_only(server: FakeAppServer,
     assert out.state is MessageState.ACCEPTED
     assert server.texts(user.id)
     assert "hello worker" in server.texts(user.id)[0]
+
+
+@pytest.mark.seed(20)
+async def test_an_ambiguous_turn_start_settles_only_on_evidence(server: FakeAppServer) -> None:
+    """The answer to turn/start is lost: unknown, never resent; the thread's history then
+    shows our message-id in a turn, which is positive evidence. A lost inject_items leaves
+    nothing in that history, so it stays unknown."""
+    t = server.add("worker")
+    server.lose_answer.update({"turn/start", "thread/inject_items"})
+    woke = delivery("did this arrive?")
+    out = await harness(server, t.id).inject(binding(t.id), woke)
+    assert (out.state, out.reason) == (MessageState.UNKNOWN, "app_server_no_answer")
+    found = await harness(server, t.id).reconcile(binding(t.id), woke.message.message_id)
+    assert found is not None
+    assert found.state is MessageState.ACCEPTED
+    assert found.evidence == f"turn {t.turn}"
+    quiet = delivery("appended?", mode=DeliveryMode.NEXT_TURN)
+    out = await harness(server, t.id).inject(binding(t.id), quiet)
+    assert out.state is MessageState.UNKNOWN
+    assert await harness(server, t.id).reconcile(binding(t.id), quiet.message.message_id) is None
+    assert len(server.inputs) == 2  # nothing was sent twice
+
+
+async def test_a_thread_no_server_has_loaded_goes_to_codex_queue(
+        server: FakeAppServer, home: Path) -> None:
+    """Issue 6: ``codex queue`` is Codex's durable path for a thread held where no shared
+    app-server can reach it; the result says so (queued, durable_queue)."""
+    log = home / "queue-args.txt"
+    fake = home / "codex"
+    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > " + str(log) + "\n"
+                    "echo \"Queued message q-1 for thread $3.\"\n")
+    fake.chmod(0o755)
+    stored = "01a22d23-0000-7000-8000-00000000abcd"
+    h = CodexHarness(stored, lambda: [str(server.path)], timeout=1.0, codex=lambda: str(fake))
+    d = delivery("for later")
+    out = await h.inject(binding(stored), d)
+    assert (out.state, out.reason) == (MessageState.QUEUED, "durable_queue")
+    args = log.read_text().splitlines()
+    assert args[:4] == ["queue", "--thread", stored, "--message"]
+    assert d.message.message_id in "\n".join(args[4:])
+    fake.write_text("#!/bin/sh\necho 'Error: No active session found' >&2\nexit 1\n")
+    out = await h.inject(binding(stored), delivery("again"))
+    assert (out.state, out.reason) == (MessageState.UNREACHABLE, "codex_thread_not_loaded")

@@ -12,10 +12,12 @@ next_turn or unverified one is appended to the thread's history without waking i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +37,8 @@ from crosstalk.harness.codex.appserver import (
 log = logging.getLogger(__name__)
 
 HARNESS = "codex"
+#: ``codex queue`` is a local write; longer means something is wrong.
+QUEUE_TIMEOUT: Final = 20.0
 #: Discovery must not stall list_agents on a hung app-server.
 DISCOVERY_TIMEOUT: Final = 3.0
 MAX_THREADS: Final = 500
@@ -133,6 +137,47 @@ async def inject_into(endpoint: str, thread_id: str, delivery: Delivery, *,
         return Outcome(MessageState.UNKNOWN, "app_server_no_answer")
 
 
+async def durable_queue(codex: str, thread_id: str, delivery: Delivery,
+                        env: Mapping[str, str]) -> Outcome:
+    """``codex queue --thread ID --message TEXT``: Codex's own durable queue, drained when the
+    thread next loads or its holder's turn ends (research §3). Only for a thread no shared
+    app-server has loaded (a holder without a socket, or none running)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            codex, "queue", "--thread", thread_id, "--message", render(delivery),
+            env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        log.info("codex queue for %s: cannot run %s: %s", thread_id, codex, exc)
+        return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), QUEUE_TIMEOUT)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return Outcome(MessageState.UNKNOWN, "durable_queue_no_answer")
+    if proc.returncode == 0 and b"Queued message" in out:
+        return Outcome(MessageState.QUEUED, "durable_queue", out.decode(errors="replace")
+                       .strip()[:200])
+    log.info("codex queue for %s failed (%s): %s", thread_id, proc.returncode,
+             err.decode(errors="replace").strip()[:300])
+    return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+
+
+def find_codex(env: Mapping[str, str]) -> str | None:
+    """The ``codex`` CLI: ``$CROSSTALK_CODEX_BIN``, else our parent if it is codex (the
+    app-server or ``codex exec`` that started this shim), else ``codex`` on PATH."""
+    configured = env.get("CROSSTALK_CODEX_BIN")
+    if configured:
+        return configured
+    with contextlib.suppress(OSError):
+        parent = os.readlink(f"/proc/{os.getppid()}/exe")
+        if os.path.basename(parent) == "codex":
+            return parent
+    return shutil.which("codex", path=env.get("PATH"))
+
+
 @dataclass
 class CodexHarness:
     """Injects into one thread, through whichever known app-server has it loaded now."""
@@ -141,14 +186,54 @@ class CodexHarness:
     endpoints: Callable[[], list[str]]
     name: str = HARNESS
     timeout: float = REQUEST_TIMEOUT
+    #: Where ``codex queue`` comes from (``None``: no durable path, a thread not loaded on a
+    #: shared server is unreachable).
+    codex: Callable[[], str | None] = lambda: None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
         hosts = await hosts_of(self.thread_id, self.endpoints())
         if len(hosts) > 1:
             return Outcome(MessageState.UNREACHABLE, "ambiguous_endpoint")
         if not hosts:
-            return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+            codex = self.codex()
+            if codex is None:
+                return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+            return await durable_queue(codex, self.thread_id, delivery, self.env)
         return await inject_into(hosts[0], self.thread_id, delivery, timeout=self.timeout)
+
+    async def reconcile(self, binding: Binding, message_id: str) -> Outcome | None:
+        """Positive evidence that an ambiguous ``turn/start`` reached the thread: a turn in
+        its history whose user input carries our message-id (seed test 20). Appended items
+        are not in that history, so they stay unknown; never resent either way."""
+        hosts = await hosts_of(self.thread_id, self.endpoints())
+        if len(hosts) != 1:
+            return None
+        marker = f'message-id="{message_id}"'
+        try:
+            async with AppServer(hosts[0], timeout=self.timeout) as server:
+                page = await server.request("thread/turns/list", {
+                    "threadId": self.thread_id, "limit": 50, "itemsView": "full"})
+        except AppServerError as exc:
+            log.info("codex reconcile %s: %s", message_id, exc)
+            return None
+        for turn in page.get("data", []) if isinstance(page, dict) else []:
+            if isinstance(turn, dict) and any(marker in text for text in _texts(turn)):
+                return Outcome(MessageState.ACCEPTED, None, f"turn {turn.get('id')}")
+        return None
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every ``text`` string anywhere in a turn's items (user inputs carry our envelope)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "text" and isinstance(item, str):
+                yield item
+            else:
+                yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
 
 
 @dataclass
@@ -198,7 +283,8 @@ class CodexIdentifier:
     def harness_for(self, identity: Identity) -> Harness:
         harness = self.harnesses.get(identity.session_ref)
         if harness is None:
-            harness = CodexHarness(identity.session_ref, self.endpoints)
+            harness = CodexHarness(identity.session_ref, self.endpoints,
+                                   codex=lambda: find_codex(self.env), env=self.env)
             self.harnesses[identity.session_ref] = harness
         return harness
 
