@@ -87,11 +87,27 @@ def parse_proc_stat_start_time(raw: bytes) -> str | None:
     return rest[19].decode("ascii")
 
 
+def is_zombie(pid: int) -> bool:
+    """The process has exited and waits to be reaped (Linux state ``Z``): it holds its pid but
+    runs nothing, so it serves no socket. Codex SIGKILLs its MCP servers on shutdown and their
+    parent may reap them seconds later (live, issue 6)."""
+    if not sys.platform.startswith("linux") or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    rest = raw[raw.rfind(b")") + 1:].split()
+    return bool(rest) and rest[0] in (b"Z", b"X")
+
+
 def process_matches(pid: int, start_time: str | None) -> bool:
-    """The pid is alive *and* is the same process that was recorded (not a recycled pid)."""
+    """The pid is running *and* is the same process that was recorded (not a recycled pid,
+    not a zombie)."""
     if start_time is None or not pid_alive(pid):
         return False
-    return process_start_time(pid) == start_time
+    return process_start_time(pid) == start_time and not is_zombie(pid)
 
 
 @cache

@@ -153,12 +153,13 @@ async def test_each_thread_receives_only_its_own(
 async def _only_its_own(world: Callable[..., Node], codex: FakeAppServer, codex_shim: Client,
                         env: dict[str, str]) -> None:
     one, two = codex.add(None, cwd="/same"), codex.add(None, cwd="/same")
-    async with fake_app_server(Path(tempfile.mkdtemp(prefix="ct-cx3-", dir="/tmp"))
-                               / "other.sock") as other:
+    other_home = Path(tempfile.mkdtemp(prefix="ct-cx3-", dir="/tmp"))
+    async with fake_app_server(other_home / "srv" / "other.sock") as other:
         three = other.add("third", cwd="/elsewhere")
-        # The third thread's shim was bound to its server (a descriptor records it).
-        env3 = {**env, "CODEX_HOME": str(Path(other.path).parent.parent)}
-        (Path(env3["CODEX_HOME"]) / "app-server-control").mkdir(parents=True, exist_ok=True)
+        # The third thread's shim runs under the other server (its own CODEX_HOME, whose
+        # control socket leads there), and its descriptor records that endpoint.
+        env3 = {**env, "CODEX_HOME": str(other_home)}
+        Path(control_socket(env3)).parent.mkdir(parents=True)
         Path(control_socket(env3)).symlink_to(other.path)
         params = StdioServerParameters(command=sys.executable,
                                        args=["-m", "crosstalk", "mcp"], env=env3)

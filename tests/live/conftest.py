@@ -117,3 +117,69 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("live timings")
     for test, what, seconds in _TIMINGS.rows:
         terminalreporter.write_line(f"{seconds:8.3f} s  {test}: {what}")
+
+
+# == OpenAI Codex =============================================================================
+# The Codex half of the live suite (tests/live/test_codex_live.py). Codex tests get a namespace
+# of their own (``codex_netns``), so running only them needs no Claude install; a test that
+# wants both harnesses takes ``codex_with_claude``, which shares the Claude ``world``'s dirs
+# and namespace and is torn down before it.
+
+from tests.live.support.codex import CodexWorld  # noqa: E402
+from tests.live.support.install import CODEX_VERSION, ensure_codex  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def codex_binary() -> Path:
+    if _live_disabled():
+        pytest.skip("CROSSTALK_LIVE=0: live Codex tests disabled")
+    try:
+        return ensure_codex()
+    except InstallError as exc:
+        pytest.fail(f"live suite: cannot install Codex {CODEX_VERSION}: {exc}\n"
+                    "(set CROSSTALK_LIVE=0 to skip the live suite deliberately)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def codex_netns(codex_binary: Path) -> Iterator[Netns]:
+    try:
+        ns = Netns()
+    except LiveError as exc:
+        pytest.fail(f"live suite: {exc}\n(set CROSSTALK_LIVE=0 to skip the live suite "
+                    "deliberately)", pytrace=False)
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+def _codex_teardown(request: pytest.FixtureRequest, cw: CodexWorld) -> None:
+    if request.node.stash.get(_FAILED, False):
+        print(cw.diagnostics())
+    cw.close()
+    if cw.leftovers:
+        pytest.fail("live teardown: Codex processes or files outlived their app-server:\n  "
+                    + "\n  ".join(cw.leftovers), pytrace=False)
+
+
+@pytest.fixture
+def codex_world(request: pytest.FixtureRequest, codex_netns: Netns,
+                codex_binary: Path) -> Iterator[CodexWorld]:
+    """One test's Codex threads: a CODEX_HOME, the mock Responses API and an app-server."""
+    cw = CodexWorld(codex_netns, codex_binary)
+    try:
+        yield cw
+    finally:
+        _codex_teardown(request, cw)
+
+
+@pytest.fixture
+def codex_with_claude(request: pytest.FixtureRequest, world: World,
+                      codex_binary: Path) -> Iterator[CodexWorld]:
+    """Codex threads sharing the Claude ``world``'s HOME, CROSSTALK_HOME, XDG_RUNTIME_DIR,
+    CLAUDE_CONFIG_DIR and namespace (stopped first; the world's leak check then covers both)."""
+    cw = CodexWorld(world.netns, codex_binary, share=world)
+    try:
+        yield cw
+    finally:
+        _codex_teardown(request, cw)

@@ -310,3 +310,29 @@ def test_peer_credentials_across_a_real_child_process(tmp_path: Path) -> None:
         if extra_dir is not None:
             path.unlink(missing_ok=True)
             extra_dir.rmdir()
+
+
+def test_a_zombie_does_not_match_its_record() -> None:
+    """An exited, unreaped child holds its pid and start time but serves nothing."""
+    import subprocess
+    import time
+
+    from crosstalk.proc import is_zombie, process_matches, process_start_time
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        started = process_start_time(child.pid)
+        assert process_matches(child.pid, started)
+        assert not is_zombie(child.pid)
+        child.kill()
+        for _ in range(200):
+            if is_zombie(child.pid):
+                break
+            time.sleep(0.01)
+        assert is_zombie(child.pid)
+        assert process_start_time(child.pid) == started  # still the same process record
+        assert not process_matches(child.pid, started)
+    finally:
+        child.kill()
+        child.wait()
+    assert not is_zombie(child.pid)

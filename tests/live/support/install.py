@@ -1,6 +1,8 @@
-"""Install the pinned Claude Code release from npm into a cache folder this test run owns.
+"""Install the pinned Claude Code (and OpenAI Codex) releases from npm into cache folders this
+test run owns.
 
     python -m tests.live.support.install          # prints the path of the native binary
+    python -m tests.live.support.install codex    # the same for Codex
 
 The npm package ``@anthropic-ai/claude-code`` ships its native linux-x64 build as a platform
 package (``node_modules/@anthropic-ai/…linux-x64…/claude``); we run that binary directly, never
@@ -116,9 +118,91 @@ def ensure_claude(env: dict[str, str] | None = None) -> Path:
     return binary
 
 
+# -- OpenAI Codex ---------------------------------------------------------------------------
+#
+# ``@openai/codex`` is a JS wrapper whose optional dependency ``@openai/codex-linux-x64`` (an
+# npm alias of ``@openai/codex@<version>-linux-x64``) ships the native musl build at
+# ``vendor/x86_64-unknown-linux-musl/bin/codex``. We run that binary directly, and only inside
+# the loopback-only namespace (see ``codex.py``); the version is read from package.json.
+
+CODEX_PACKAGE = "@openai/codex"
+CODEX_VERSION = "0.169.0"
+CODEX_TRIPLE = "x86_64-unknown-linux-musl"
+
+
+def codex_cache_dir(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    configured = env.get("CROSSTALK_LIVE_CODEX_CACHE")
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return REPO / ".cache" / "live" / f"codex-{CODEX_VERSION}"
+
+
+def find_codex_binary(prefix: Path) -> Path | None:
+    """The native ``codex`` under ``prefix/node_modules/@openai`` (the linux-x64 musl build)."""
+    scope = prefix / "node_modules" / "@openai"
+    if not scope.is_dir():
+        return None
+    found = sorted(p for p in scope.rglob("codex")
+                   if p.is_file() and f"vendor/{CODEX_TRIPLE}/bin/" in str(p.relative_to(scope)))
+    for path in found:
+        if os.access(path, os.X_OK) and _is_elf(path):
+            return path
+    return None
+
+
+def codex_installed_version(binary: Path) -> str | None:
+    """The version of the platform package that holds ``binary`` (its package.json says
+    ``<version>-linux-x64``), read from the file: the binary only ever runs in the namespace."""
+    package = binary.parents[3]  # <package>/vendor/<triple>/bin/codex
+    try:
+        meta = json.loads((package / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if not isinstance(version, str):
+        return None
+    return version.removesuffix("-linux-x64")
+
+
+def ensure_codex(env: dict[str, str] | None = None) -> Path:
+    """Install (once) and return the path of the pinned native ``codex`` binary."""
+    prefix = codex_cache_dir(env)
+    binary = find_codex_binary(prefix)
+    if binary is not None and codex_installed_version(binary) == CODEX_VERSION:
+        _ignore_in_git(prefix)
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InstallError("npm is not on PATH: the live suite needs Node.js and npm to install "
+                           f"{CODEX_PACKAGE}@{CODEX_VERSION}")
+    prefix.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(prefix)
+    cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+           "--save-exact", "--loglevel=error", f"{CODEX_PACKAGE}@{CODEX_VERSION}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"{' '.join(cmd)} took longer than {INSTALL_TIMEOUT:.0f} s") from None
+    if done.returncode != 0:
+        raise InstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    binary = find_codex_binary(prefix)
+    if binary is None:
+        raise InstallError(f"{CODEX_PACKAGE}@{CODEX_VERSION} installed into {prefix}, but no "
+                           f"native codex binary was found under node_modules/@openai/*/vendor/"
+                           f"{CODEX_TRIPLE}/bin")
+    version = codex_installed_version(binary)
+    if version != CODEX_VERSION:
+        raise InstallError(f"{binary} belongs to {CODEX_PACKAGE} {version!r}, expected "
+                           f"{CODEX_VERSION}")
+    return binary
+
+
 if __name__ == "__main__":
     try:
-        print(ensure_claude())
+        print(ensure_codex() if sys.argv[1:] == ["codex"] else ensure_claude())
     except InstallError as exc:
         print(f"install: {exc}", file=sys.stderr)
         sys.exit(1)
