@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = "@anthropic-ai/claude-code"
@@ -85,21 +85,23 @@ def installed_version(binary: Path) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def ensure_claude(env: dict[str, str] | None = None) -> Path:
-    """Install (once) and return the path of the pinned native ``claude`` binary."""
-    prefix = cache_dir(env)
-    binary = find_binary(prefix)
-    if binary is not None and installed_version(binary) == VERSION:
+def _npm_install(package: str, version: str, prefix: Path, *,
+                 find: Callable[[Path], Path | None],
+                 installed: Callable[[Path], str | None], what: str) -> Path:
+    """Install ``package@version`` into ``prefix`` once; the native binary ``find`` locates,
+    checked against ``installed`` (its package.json, never by running it)."""
+    binary = find(prefix)
+    if binary is not None and installed(binary) == version:
         _ignore_in_git(prefix)
         return binary
     npm = shutil.which("npm")
     if npm is None:
         raise InstallError("npm is not on PATH: the live suite needs Node.js and npm to install "
-                           f"{PACKAGE}@{VERSION}")
+                           f"{package}@{version}")
     prefix.mkdir(parents=True, exist_ok=True)
     _ignore_in_git(prefix)
     cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-           "--save-exact", "--loglevel=error", f"{PACKAGE}@{VERSION}"]
+           "--save-exact", "--loglevel=error", f"{package}@{version}"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
                               check=False)
@@ -108,14 +110,21 @@ def ensure_claude(env: dict[str, str] | None = None) -> Path:
     if done.returncode != 0:
         raise InstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n"
                            f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    binary = find_binary(prefix)
+    binary = find(prefix)
     if binary is None:
-        raise InstallError(f"{PACKAGE}@{VERSION} installed into {prefix}, but no native "
-                           "linux-x64 'claude' binary was found under node_modules/@anthropic-ai")
-    version = installed_version(binary)
-    if version != VERSION:
-        raise InstallError(f"{binary} reports version {version!r}, expected {VERSION}")
+        raise InstallError(f"{package}@{version} installed into {prefix}, but no {what} was "
+                           "found in it")
+    got = installed(binary)
+    if got != version:
+        raise InstallError(f"{binary} belongs to {package} {got!r}, expected {version}")
     return binary
+
+
+def ensure_claude(env: dict[str, str] | None = None) -> Path:
+    """Install (once) and return the path of the pinned native ``claude`` binary."""
+    return _npm_install(PACKAGE, VERSION, cache_dir(env), find=find_binary,
+                        installed=installed_version,
+                        what="native linux-x64 'claude' binary under node_modules/@anthropic-ai")
 
 
 # -- OpenAI Codex ---------------------------------------------------------------------------
@@ -167,37 +176,11 @@ def codex_installed_version(binary: Path) -> str | None:
 
 def ensure_codex(env: dict[str, str] | None = None) -> Path:
     """Install (once) and return the path of the pinned native ``codex`` binary."""
-    prefix = codex_cache_dir(env)
-    binary = find_codex_binary(prefix)
-    if binary is not None and codex_installed_version(binary) == CODEX_VERSION:
-        _ignore_in_git(prefix)
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        raise InstallError("npm is not on PATH: the live suite needs Node.js and npm to install "
-                           f"{CODEX_PACKAGE}@{CODEX_VERSION}")
-    prefix.mkdir(parents=True, exist_ok=True)
-    _ignore_in_git(prefix)
-    cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-           "--save-exact", "--loglevel=error", f"{CODEX_PACKAGE}@{CODEX_VERSION}"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise InstallError(f"{' '.join(cmd)} took longer than {INSTALL_TIMEOUT:.0f} s") from None
-    if done.returncode != 0:
-        raise InstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n"
-                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    binary = find_codex_binary(prefix)
-    if binary is None:
-        raise InstallError(f"{CODEX_PACKAGE}@{CODEX_VERSION} installed into {prefix}, but no "
-                           f"native codex binary was found under node_modules/@openai/*/vendor/"
-                           f"{CODEX_TRIPLE}/bin")
-    version = codex_installed_version(binary)
-    if version != CODEX_VERSION:
-        raise InstallError(f"{binary} belongs to {CODEX_PACKAGE} {version!r}, expected "
-                           f"{CODEX_VERSION}")
-    return binary
+    return _npm_install(CODEX_PACKAGE, CODEX_VERSION, codex_cache_dir(env),
+                        find=find_codex_binary, installed=codex_installed_version,
+                        what=("native codex binary under node_modules/@openai/*/vendor/"
+                              f"{CODEX_TRIPLE}/bin"))
+
 
 
 if __name__ == "__main__":
