@@ -432,15 +432,19 @@ class AppServer:
     """``codex app-server --listen unix://`` in the namespace: the control-socket server of
     the world's CODEX_HOME."""
 
-    def __init__(self, world: CodexWorld) -> None:
+    def __init__(self, world: CodexWorld, codex_home: Path | None = None) -> None:
         self.world = world
-        self.stderr_path = world.root / "app-server.err"
+        #: Another CODEX_HOME than the world's: a second, independent app-server (its own
+        #: control socket) sharing the world's CrossTalk state and mock.
+        self.codex_home = codex_home or world.codex_home
+        tag = "" if codex_home is None else "-" + codex_home.name
+        self.stderr_path = world.root / f"app-server{tag}.err"
         # A symlink to /tmp/codex-daemon-<uid>/<sha256 of this path> (TMPDIR is not honoured);
         # the server removes both on SIGTERM.
-        self.socket_path = world.codex_home / "app-server-control" / "app-server-control.sock"
+        self.socket_path = self.codex_home / "app-server-control" / "app-server-control.sock"
         self.socket_target: Path | None = None
         self._children: set[int] = set()
-        env = world.codex_env()
+        env = world.codex_env(self.codex_home)
         with self.stderr_path.open("ab") as err:
             # nsenter without a PID namespace execs the command: proc.pid is codex itself.
             self.proc = subprocess.Popen(
@@ -554,6 +558,8 @@ class CodexWorld:
         self.leftovers: list[str] = []
         self._server: AppServer | None = None
         self._client: AppServerClient | None = None
+        #: Further app-servers, each on a CODEX_HOME of its own (:meth:`extra_server`).
+        self.extra_servers: list[AppServer] = []
         try:
             self.mock = ResponsesMock(netns, self.root)
             self.write_config()
@@ -570,7 +576,7 @@ class CodexWorld:
         return {"CROSSTALK_HOME": str(self.state), "XDG_RUNTIME_DIR": str(self.runtime),
                 "CROSSTALK_LOG": "INFO"}
 
-    def write_config(self, extra: str = "") -> None:
+    def write_config(self, extra: str = "", codex_home: Path | None = None) -> None:
         provider = {"name": "CrossTalk live mock", "base_url": self.mock.base_url,
                     "wire_api": "responses", "env_key": KEY_VAR}
         lines = [
@@ -606,12 +612,13 @@ class CodexWorld:
             "tool_timeout_sec = 180",
             "",
         ]
-        (self.codex_home / "config.toml").write_text("\n".join(lines) + extra)
+        (codex_home or self.codex_home).joinpath("config.toml").write_text(
+            "\n".join(lines) + extra)
 
-    def codex_env(self) -> dict[str, str]:
+    def codex_env(self, codex_home: Path | None = None) -> dict[str, str]:
         """The whole environment of a Codex process (the app-server; a TUI)."""
         return {"PATH": SYSTEM_PATH, "HOME": str(self.home), "LANG": "C.UTF-8",
-                "CODEX_HOME": str(self.codex_home),
+                "CODEX_HOME": str(codex_home or self.codex_home),
                 KEY_VAR: API_KEY, "CROSSTALK_HOME": str(self.state),
                 "XDG_RUNTIME_DIR": str(self.runtime), "XDG_STATE_HOME": str(self.xdg_state),
                 "CLAUDE_CONFIG_DIR": str(self.claude_config)}
@@ -642,15 +649,41 @@ class CodexWorld:
             self._client = self.connect()
         return self._client
 
-    def connect(self, name: str = "crosstalk_live") -> AppServerClient:
-        client = self.server.connect(name)
+    def connect(self, name: str = "crosstalk_live", *, server: AppServer | None = None
+                ) -> AppServerClient:
+        client = (server or self.server).connect(name)
         self.clients.append(client)
         return client
 
+    def extra_server(self, tag: str) -> AppServer:
+        """Another ``codex app-server`` on a CODEX_HOME of its own (``<root>/<tag>``, same
+        config): its own control socket, the same CROSSTALK_HOME, XDG_RUNTIME_DIR and mock.
+        Stopped by :meth:`close`."""
+        home = self.root / tag
+        home.mkdir(mode=0o700)
+        self.write_config(codex_home=home)
+        server = AppServer(self, home)
+        self.extra_servers.append(server)
+        return server
+
+    def stop_server(self) -> list[str]:
+        """Stop the app-server (and so its threads' shims) and drop the default client; the
+        next use of :attr:`server` starts a new one on the same CODEX_HOME. Notes on what had
+        to be killed."""
+        notes: list[str] = []
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+        if self._server is not None:
+            notes = self._server.stop()
+            self._server = None
+        return notes
+
     def thread(self, name: str, *, client: AppServerClient | None = None,
-               wait_mcp: bool = True) -> CodexThread:
-        """A new thread whose cwd is ``<root>/t-<name>/<name>``."""
-        thread = CodexThread(self, name, client or self.client)
+               wait_mcp: bool = True, cwd: Path | None = None) -> CodexThread:
+        """A new thread whose cwd is ``cwd``, else ``<root>/t-<name>/<name>``."""
+        thread = CodexThread(self, name, client or self.client, cwd=cwd)
         self.threads.append(thread)
         if wait_mcp:
             thread.wait_mcp_ready()
@@ -698,9 +731,9 @@ class CodexWorld:
         for client in self.clients:
             with contextlib.suppress(Exception):
                 client.close()
-        if self._server is not None:
+        for server in [*self.extra_servers, *([self._server] if self._server else [])]:
             try:
-                self.leftovers.extend(self._server.stop())
+                self.leftovers.extend(server.stop())
             except Exception as exc:  # keep tearing down the rest
                 self.leftovers.append(f"app-server stop failed: {exc!r}")
             # Not a leak of the rig: Codex sends its MCP servers SIGTERM and SIGKILL ~5 ms
@@ -724,8 +757,8 @@ class CodexWorld:
         for tui in self.tuis:
             parts.append(f"--- tui {tui.name} pid={tui.pid} thread={tui.thread_id}\n"
                          + tui.screen())
-        if self._server is not None:
-            parts.append(self._server.stderr_tail())
+        for server in [*([self._server] if self._server else []), *self.extra_servers]:
+            parts.append(server.stderr_tail())
         with contextlib.suppress(OSError):
             parts.append("mock stderr:\n" + self.mock.stderr_path.read_text()[-2000:])
         for entry in self.mock.entries()[-12:]:
@@ -743,19 +776,29 @@ class CodexThread:
     """One Codex thread on the world's app-server, started by ``thread/start {cwd}``."""
 
     def __init__(self, world: CodexWorld, name: str, client: AppServerClient, *,
-                 existing: dict[str, Any] | None = None) -> None:
+                 existing: dict[str, Any] | None = None, cwd: Path | None = None) -> None:
         self.world = world
         self.name = name
         self.client = client
         self._started_at = client.mark()
         if existing is None:
-            self.cwd = world.root / f"t-{name}" / name
-            self.cwd.mkdir(parents=True)
+            self.cwd = cwd or world.root / f"t-{name}" / name
+            self.cwd.mkdir(parents=True, exist_ok=cwd is not None)
             existing = client.request("thread/start", {"cwd": str(self.cwd)})["thread"]
         else:  # a thread someone else started (a TUI's), seen through the app-server
             self.cwd = Path(existing["cwd"])
         self.info: dict[str, Any] = existing
         self.id: str = existing["id"]
+
+    def resume(self, client: AppServerClient | None = None, *, wait_mcp: bool = True
+               ) -> None:
+        """``thread/resume`` on ``client`` (default: the world's, e.g. of a restarted
+        app-server), which becomes this thread's client."""
+        self.client = client or self.world.client
+        self._started_at = self.client.mark()
+        self.info = self.client.request("thread/resume", {"threadId": self.id})["thread"]
+        if wait_mcp:
+            self.wait_mcp_ready()
 
     # -- turns -----------------------------------------------------------------------------
 
