@@ -9,15 +9,19 @@ unverified sender becomes ``thread/inject_items`` (``queued``, never wakes).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from tests.live.conftest import Timings
-from tests.live.support.claude import Entry, wait_for
+from tests.live.support.claude import Entry, World, tool_results, wait_for
 from tests.live.support.codex import (
     AppServerClient,
     CodexThread,
@@ -27,6 +31,7 @@ from tests.live.support.codex import (
     output_json,
     request_text,
 )
+from tests.live.support.mock_api import message_text
 from tests.live.test_codex_live import model_calls, unique
 
 pytestmark = pytest.mark.live
@@ -35,6 +40,9 @@ pytestmark = pytest.mark.live
 QUIET_S = 3.0
 #: How long Y's busy turn runs its shell command.
 BUSY_S = 4
+#: The same, when the sender is a Claude session (a keystroke, a model request and a tool
+#: call of its own fit in it with room to spare).
+CLAUDE_BUSY_S = 8
 
 
 def register(cw: CodexWorld, *threads: CodexThread) -> dict[str, dict[str, Any]]:
@@ -146,6 +154,90 @@ def test_mid_turn_message_joins_running_turn(codex_world: CodexWorld, timings: T
     timings.add("seed 2: whole scenario", time.monotonic() - t0)
 
 
+@pytest.mark.seed(2)
+def test_claude_mid_turn_message_joins_running_codex_turn(
+        world: World, codex_with_claude: CodexWorld, timings: Timings) -> None:
+    """Seed 2, Claude -> Codex: Y is mid-turn (``exec_command`` ``sleep 8``); a real Claude
+    session's model calls ``mcp__crosstalk__send_message`` to Y by its CrossTalk name: the
+    result is ``accepted`` at once, and the text reaches Y's model in the very next request of
+    the *same* turn (same ``turn_id``), carrying the command's output. No turn is started for
+    it."""
+    t0 = time.monotonic()
+    cw = codex_with_claude
+    alpha = world.session("alpha").start()
+    y = cw.thread("yank")
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    a_desc = alpha.wait_descriptor()
+    y_desc = register(cw, y)["yank"]
+    timings.add("seed 2 (claude): claude session + codex thread ready", time.monotonic() - t0)
+
+    text = unique("LIVE-CLAUDE-MIDTURN")
+    go = unique("GO-CLAUDE")
+    world.mock.add_rules({"id": "a-sends", "match": go, "session": alpha.session_id,
+                          "tool_use": {"name": "mcp__crosstalk__send_message",
+                                       "input": {"to": y_desc["name"], "text": text}},
+                          "then": {"text": "sent"}})
+    trigger = unique("BUSY")
+    cw.mock.add_rules({"id": "y-busy", "match": trigger, "thread": y.id,
+                       "function_call": {"name": "exec_command", "arguments": {
+                           "cmd": f"sleep {CLAUDE_BUSY_S}", "login": False,
+                           "yield_time_ms": 30000}},
+                       "then": {"text": "busy turn done"}})
+    since = y.client.mark()
+    after = cw.last_seq()
+    busy_turn = y.start_turn(f"{trigger}: work for a while")
+    held = y.wait_for_request(lambda e: e.get("rule") == "y-busy", after=after)
+    assert turn_id(held) == busy_turn, held["headers"]
+    (exec_call,) = [i for i in held["response"] if i.get("type") == "function_call"]
+    y.client.wait_notification(
+        lambda n: n.get("method") == "item/started"
+        and (n.get("params") or {}).get("threadId") == y.id
+        and ((n.get("params") or {}).get("item") or {}).get("type") == "commandExecution",
+        15, since=since)
+    assert y.read()["status"]["type"] == "active"
+
+    a_after = alpha.last_seq()
+    keys_at = time.time()
+    alpha.send_keys(f"{go} tell yank")
+    asked = alpha.wait_for_request(lambda e: e.get("rule") == "a-sends", after=a_after,
+                                   timeout=60)
+    answered = alpha.wait_for_request(lambda e: bool(tool_results(e)), after=asked["seq"],
+                                      timeout=60)
+    (block,) = tool_results(answered)
+    result = json.loads(message_text({"content": block.get("content")}))
+    print(f"[codex seeds] claude send_message to busy Y: {result}")
+    timings.add("seed 2 (claude): keys -> claude tool_use request", asked["t"] - keys_at)
+    timings.add("seed 2 (claude): claude tool_use -> tool_result request",
+                answered["t"] - asked["t"])
+    assert result.get("state") == "accepted", result
+    # Claude had its answer while Y was still running its command: nothing new reached Y.
+    assert answered["t"] - held["t"] < CLAUDE_BUSY_S - 0.5, (answered["t"], held["t"])
+    assert y.read()["status"]["type"] == "active"
+
+    got = y.wait_for_request(lambda e: carries(e, text), after=held["seq"], timeout=30)
+    timings.add("seed 2 (claude): claude tool_use -> Y's request with the text (command ~"
+                f"{CLAUDE_BUSY_S} s)", got["t"] - asked["t"])
+    nxt = min((e for e in y.requests() if e["seq"] > held["seq"]), key=lambda e: e["seq"])
+    assert nxt["seq"] == got["seq"], (nxt["seq"], got["seq"])
+    assert turn_id(got) == busy_turn, (turn_id(got), busy_turn)
+    assert call_output(got, exec_call["call_id"]) is not None, got["body"]["input"][-3:]
+    assert got["t"] - held["t"] >= CLAUDE_BUSY_S - 0.5, "the command was cut short"
+    (seen,) = [t for t in user_texts(got) if text in t]
+    assert result["message_id"] in seen, seen
+    assert f'from="{a_desc["name"]}"' in seen, seen
+    assert 'verified="true"' in seen, seen
+    done = y.wait_turn(busy_turn, since=since)
+    assert done["status"] == "completed", done
+    time.sleep(1.0)
+    assert turns_started(y.client, y, since) == [busy_turn]
+    assert all(turn_id(e) == busy_turn for e in y.requests()
+               if e["seq"] > held["seq"] and e.get("kind") == "main")
+    print(f"[codex seeds] claude mid-turn: Y's model saw {seen!r}")
+    timings.add("seed 2 (claude): whole scenario", time.monotonic() - t0)
+
+
 @pytest.mark.seed(3)
 def test_deferred_and_unverified_do_not_wake(codex_world: CodexWorld, timings: Timings) -> None:
     """Seed 3: Y idle. X's ``next_turn`` message is ``queued`` and Y stays idle; the
@@ -254,6 +346,57 @@ def test_same_cwd_threads_and_second_app_server(codex_world: CodexWorld,
         assert to_c not in dumped or thread is a, thread.name
         assert to_c_later not in dumped or thread is a, thread.name
     timings.add("seed 12/18: whole scenario", time.monotonic() - t0)
+
+
+async def _unbound_calls(env: dict[str, str], cwd: Path, to: str, text: str
+                        ) -> tuple[dict[str, Any], Any, Any]:
+    """``crosstalk mcp`` run by the test (no Codex, no Claude around it): list_agents, then
+    send_message and receive_message with no ``_meta`` at all."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "crosstalk", "mcp"],
+                                   env=env, cwd=str(cwd))
+    async with Client(params) as client:
+        listed = await client.call_tool("list_agents", {})
+        sent = await client.call_tool("send_message", {"to": to, "text": text})
+        received = await client.call_tool("receive_message", {})
+    return json.loads(listed.content[0].text), sent, received
+
+
+@pytest.mark.seed(12)
+def test_call_without_thread_id_is_unbound(codex_world: CodexWorld, timings: Timings) -> None:
+    """Seed 12: a ``crosstalk mcp`` whose calls carry no ``_meta.threadId`` (nor any other
+    evidence of a session) is unbound: ``list_agents`` works and lists the world's loaded Codex
+    threads (found over the app-server's control socket), ``send_message`` and
+    ``receive_message`` answer ``unbound``; nothing is sent, nothing registers."""
+    t0 = time.monotonic()
+    cw = codex_world
+    x = cw.thread("xray")
+    z = cw.thread("zulu")
+    x_name = register(cw, x)["xray"]["name"]
+    z_name = unique("zulu-native")
+    z.set_name(z_name)
+    before = {d.get("agent_id") for d in cw.descriptors()}
+
+    text = unique("LIVE-UNBOUND")
+    after = cw.last_seq()
+    t1 = time.monotonic()
+    listed, sent, received = asyncio.run(_unbound_calls(cw.env, cw.root, x_name, text))
+    timings.add("seed 12 (unbound): MCP client start + 3 calls", time.monotonic() - t1)
+    rows = listed.get("agents") or []
+    print(f"[codex seeds] unbound list_agents: {rows}")
+    codex_rows = {r.get("name"): r for r in rows if r.get("harness") == "codex"}
+    assert {x_name, z_name} <= set(codex_rows), rows
+    assert codex_rows[x_name].get("crosstalk") is True, codex_rows[x_name]
+    assert codex_rows[z_name].get("crosstalk") is False, codex_rows[z_name]
+    for res in (sent, received):
+        payload = json.loads(res.content[0].text)
+        print(f"[codex seeds] unbound call: is_error={res.is_error} {payload}")
+        assert res.is_error, payload
+        assert payload.get("error") == "unbound", payload
+    # Nothing was sent, nothing registered.
+    assert {d.get("agent_id") for d in cw.descriptors()} == before
+    assert_quiet(x, after, 2.0)
+    assert all(text not in request_text(e) for e in cw.mock.entries())
+    timings.add("seed 12 (unbound): whole scenario", time.monotonic() - t0)
 
 
 @pytest.mark.seed(26)
