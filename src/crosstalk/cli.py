@@ -20,7 +20,6 @@ EXIT_USAGE = 2
 _PLANNED: dict[str, tuple[str, str]] = {
     "install": ("register CrossTalk with Claude Code and Codex", "edit both harness configs"),
     "uninstall": ("undo install exactly", "restore both harness configs"),
-    "agents": ("list every session on this machine", "show name, harness, status, reachability"),
     "doctor": ("diagnose the installation", "check harnesses, sockets, permissions, stale state"),
     "capture": ("dump one inbound frame for diagnosis", "record one frame from a socket"),
 }
@@ -45,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("text", help="the message, or - to read it from stdin")
     send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
     send.add_argument("--timeout", type=float, default=DELIVERY_TIMEOUT, metavar="SECONDS",
-                      help="how long to wait for the ack (default 30)")
+                      help=f"how long to wait for the ack (default {DELIVERY_TIMEOUT:.0f})")
+    agents = sub.add_parser(
+        "agents", help="list every session on this machine",
+        description="Every CrossTalk agent, Claude Code session and Codex thread on this "
+        "machine: harness, status, whether CrossTalk serves it, whether it can be reached and "
+        "why not.")
+    agents.add_argument("--json", action="store_true", help="print the rows as JSON")
     tail = sub.add_parser("tail", help="print an agent's journal (every journal if none named)")
     tail.add_argument("agent", nargs="?", help="agent name or agent_id")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
@@ -71,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from crosstalk.serve import run_mcp
 
         return run_mcp(ppid)
+    if args.command == "agents":
+        from crosstalk.agents_cmd import run_agents
+        from crosstalk.config import state_dir
+
+        return run_agents(state_dir(), as_json=args.json)
     if args.command in ("send", "tail"):
         from crosstalk.config import state_dir
         from crosstalk.send import run_send, run_tail

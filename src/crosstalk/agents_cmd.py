@@ -1,0 +1,91 @@
+"""``crosstalk agents``: every session on this machine, as ``list_agents`` sees it, for people.
+
+The same directory the tools use (descriptors merged with Claude's registry and Codex's
+app-servers), plus, for each session that cannot be reached, why not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from crosstalk.directory import Directory, Entry
+from crosstalk.harness.base import Discovery
+from crosstalk.store.registry import Registry
+
+COLUMNS = ("name", "harness", "status", "crosstalk", "reachable", "agent_id", "cwd")
+
+
+def discoveries(env: Mapping[str, str]) -> list[Discovery]:
+    """Every harness whose sessions can be listed (the shim's list, minus the binding part)."""
+    from crosstalk.harness.claude import ClaudeIdentifier
+    from crosstalk.harness.codex import CodexIdentifier
+
+    return [ClaudeIdentifier([], env=dict(env)), CodexIdentifier(env=dict(env))]
+
+
+def why_unreachable(entry: Entry) -> str | None:
+    """A person-readable reason a session cannot be messaged now, or ``None`` if it can."""
+    if entry.reachable:
+        return None
+    session, desc = entry.session, entry.descriptor
+    if session is not None and session.detail == "ambiguous_endpoint":
+        return "loaded on several Codex app-servers: no single host to deliver to"
+    if desc is not None and desc.a2a_url is None:
+        return "its CrossTalk shim publishes no A2A listener"
+    if session is not None and entry.harness == "claude":
+        return "its inbox socket is missing (the session runs without messaging?)"
+    if session is not None and session.status == "error":
+        return "its Codex thread is in a system error"
+    return "unknown"
+
+
+def rows(home: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    directory = Directory(Registry(home), discoveries(env))
+    out = []
+    for entry in directory.snapshot():
+        row = entry.row()
+        why = why_unreachable(entry)
+        if why is not None:
+            row["unreachable_because"] = why
+        out.append(row)
+    return out
+
+
+def table(listed: Sequence[Mapping[str, Any]]) -> str:
+    """A plain aligned table (no colour: it must read the same in a pipe and a log)."""
+    def cell(row: Mapping[str, Any], key: str) -> str:
+        value = row.get(key)
+        if key == "status" and row.get("waiting_for"):
+            return f"waiting for {row['waiting_for']}"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return "-" if value is None else str(value)
+
+    body = [[cell(r, k) for k in COLUMNS] for r in listed]
+    widths = [max([len(k), *(len(b[i]) for b in body)]) for i, k in enumerate(COLUMNS)]
+    lines = ["  ".join(k.upper().ljust(w) for k, w in zip(COLUMNS, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip()
+              for b in body]
+    for r in listed:
+        if r.get("unreachable_because"):
+            lines.append(f"  {r['name']}: unreachable: {r['unreachable_because']}")
+    return "\n".join(lines)
+
+
+def run_agents(home: Path, *, as_json: bool = False, env: Mapping[str, str] | None = None,
+               out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    listed = rows(home, os.environ if env is None else env)
+    if as_json:
+        print(json.dumps(listed, sort_keys=True), file=out)
+    elif not listed:
+        print("no sessions found (no CrossTalk agents, Claude sessions or Codex threads)",
+              file=out)
+    else:
+        print(table(listed), file=out)
+    return 0

@@ -1,0 +1,116 @@
+"""``crosstalk agents`` against a temp machine: a live CrossTalk agent, Claude sessions with
+and without an inbox, a Codex thread on a (fake) app-server, and stale and torn records that
+must not show up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crosstalk.agent import Agent, AgentSpec
+from crosstalk.core.ids import agent_id_for
+from crosstalk.harness.codex import control_socket
+from crosstalk.harness.fake import FakeHarness
+from crosstalk.store.registry import Descriptor, Registry
+from tests.integration._claude_support import FakeClaude, claude_env
+from tests.integration._fake_codex import fake_app_server
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    base = claude_env(tmp_path)
+    base["CODEX_HOME"] = tempfile.mkdtemp(prefix="ct-ag-", dir="/tmp")
+    return base
+
+
+@pytest.fixture
+def sessions(tmp_path: Path, env: dict[str, str]) -> Iterator[list[FakeClaude]]:
+    started: list[FakeClaude] = []
+    yield started
+    for fc in started:
+        fc.stop()
+
+
+async def agents(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crosstalk", "agents", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_agents_lists_every_session_and_why_one_is_unreachable(
+        tmp_path: Path, env: dict[str, str], sessions: list[FakeClaude]) -> None:
+    home = Path(env["CROSSTALK_HOME"])
+    reg = Registry(home)
+    served = Agent(reg, AgentSpec(FakeHarness(name="fake"), "s-1", "/w/proj", "builder"),
+                   env=env)
+    await served.start()
+    plain = FakeClaude(tmp_path, "plain", env=env).start()
+    mute = FakeClaude(tmp_path, "mute", env=env).start()
+    sessions.extend([plain, mute])
+    mute.socket.unlink()  # a session running without its inbox
+    config = Path(env["CLAUDE_CONFIG_DIR"]) / "sessions"
+    (config / "999999.json").write_text(json.dumps({  # a crashed session: dead pid
+        "pid": 999999, "sessionId": "dead", "procStart": "1", "status": "busy"}))
+    (config / f"{plain.pid + 1}.json").write_text('{"pid": 1, "sessionId": ')  # torn
+    stale = Descriptor(agent_id="0" * 16, name="ghost", harness="fake", session_ref="g",
+                       cwd="/", pid=999999, started_at="1", instance_id="i",
+                       credential_ref="/nowhere")
+    (home / "agents" / f"{'0' * 16}.json").write_bytes(stale.to_json())
+    try:
+        async with fake_app_server(Path(control_socket(env))) as codex:
+            thread = codex.add("codex-reviewer", cwd="/w/cx", status="active")
+            code, out, err = await agents(env, "--json")
+            assert code == 0, err
+            listed = {r["name"]: r for r in json.loads(out)}
+            assert set(listed) == {"builder", "plain", "mute", "codex-reviewer"}
+            assert listed["builder"] == {
+                "name": "builder", "agent_id": served.agent_id, "harness": "fake",
+                "cwd": "/w/proj", "status": "unknown", "crosstalk": True, "reachable": True,
+                "role": "primary", "owner": None}
+            assert listed["plain"] == {
+                "name": "plain", "agent_id": agent_id_for("claude", plain.session_id),
+                "harness": "claude", "cwd": str(plain.cwd), "status": "idle",
+                "crosstalk": False, "reachable": True}
+            assert listed["mute"]["reachable"] is False
+            assert "inbox socket is missing" in listed["mute"]["unreachable_because"]
+            assert listed["codex-reviewer"] == {
+                "name": "codex-reviewer", "agent_id": agent_id_for("codex", thread.id),
+                "harness": "codex", "cwd": "/w/cx", "status": "busy", "crosstalk": False,
+                "reachable": True}
+
+            code, out, _ = await agents(env)
+            assert code == 0
+            lines = out.splitlines()
+            assert lines[0].split() == ["NAME", "HARNESS", "STATUS", "CROSSTALK", "REACHABLE",
+                                        "AGENT_ID", "CWD"]
+            row: dict[str, Any] = {line.split()[0]: line.split() for line in lines[1:5]}
+            assert row["builder"][1:5] == ["fake", "unknown", "yes", "yes"]
+            assert row["mute"][1:5] == ["claude", "idle", "no", "no"]
+            assert any(line.startswith("  mute: unreachable: ") for line in lines)
+    finally:
+        await served.stop()
+
+
+async def test_agents_on_an_empty_machine(env: dict[str, str]) -> None:
+    code, out, _ = await agents(env)
+    assert code == 0
+    assert out.startswith("no sessions found")
+    code, out, _ = await agents(env, "--json")
+    assert json.loads(out) == []
