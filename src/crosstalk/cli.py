@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deliver one inform through the agent's uds ingress, as an unverified "
         "sender. Exit 0 accepted or queued, 1 another state, 3 no such agent or ambiguous, "
         "4 transport failure.")
-    send.add_argument("to", help="agent name or agent_id")
+    send.add_argument("to", help="agent name, agent_id, claude:<pid|session-id|name>, "
+                      "codex:<thread-id|name> or uds:<path>")
     send.add_argument("text", help="the message, or - to read it from stdin")
     send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
     send.add_argument("--timeout", type=float, default=DELIVERY_TIMEOUT, metavar="SECONDS",

@@ -57,18 +57,39 @@ class SendFailure(Exception):
 # -- resolving and reading the key --------------------------------------------------------------
 
 
-def resolve_target(home: Path, to: str) -> Descriptor:
-    """The one live registered agent named or identified by ``to``."""
+def resolve_target(home: Path, to: str, env: Mapping[str, str] | None = None) -> Descriptor:
+    """The one live registered agent ``to`` names: a name, an agent_id, or an address
+    (``claude:<pid|session-id|name>``, ``codex:<thread-id|name>``, ``uds:<path>``).
+    Ambiguity is an error naming the candidates, never a guess."""
     if not (home / "agents").is_dir():
         raise SendFailure(EXIT_NO_TARGET, f"no agent {to!r}: nothing is registered in {home}")
     found = Registry(home).find(to)
-    if not found:
-        raise SendFailure(EXIT_NO_TARGET, f"no live agent named or identified by {to!r}")
     if len(found) > 1:
-        rows = "\n".join(f"  {d.agent_id}  {d.name}  {d.harness}  {d.cwd}" for d in found)
-        raise SendFailure(EXIT_NO_TARGET,
-                          f"{to!r} is ambiguous; use one of these agent ids:\n{rows}")
-    return found[0]
+        raise _ambiguous(to, [(d.agent_id, d.name, d.harness, d.cwd) for d in found])
+    if found:
+        return found[0]
+    # Addresses and sessions without CrossTalk need the harnesses' own registries.
+    from crosstalk.agents_cmd import discoveries
+    from crosstalk.directory import Directory, Unresolved
+
+    target = Directory(Registry(home), discoveries(os.environ if env is None else env)
+                       ).resolve(to)
+    if isinstance(target, Unresolved):
+        if target.reason == "ambiguous_name":
+            raise _ambiguous(to, [(e.agent_id, e.name, e.harness, e.cwd or "?")
+                                  for e in target.candidates])
+        raise SendFailure(EXIT_NO_TARGET, f"no live agent named or identified by {to!r}")
+    if target.descriptor is None:
+        raise SendFailure(EXIT_NO_TARGET, f"{to!r} is a {target.harness} session without "
+                          "CrossTalk: crosstalk send reaches CrossTalk agents only (a session "
+                          "with CrossTalk can send it an inform with send_message)")
+    return target.descriptor
+
+
+def _ambiguous(to: str, rows: list[tuple[str, str, str, str]]) -> SendFailure:
+    listed = "\n".join(f"  {aid}  {name}  {harness}  {cwd}" for aid, name, harness, cwd in rows)
+    return SendFailure(EXIT_NO_TARGET, f"{to!r} is ambiguous; use one of these agent ids:\n"
+                       f"{listed}")
 
 
 def read_key(key_path: Path) -> str:

@@ -537,3 +537,48 @@ async def test_permission_mode_parity_is_applied_by_the_receiving_shim(
     held = await alice.call("send_message", to="bob", text="held by setting")
     assert (held["state"], held["reason"]) == ("unreachable", "inbound_hold_by_setting")
     assert not any("held by setting" in c for c in bob.contents())
+
+
+# -- addresses in `crosstalk send` (issue 7) ---------------------------------------------------
+
+
+async def _cli_send(env: dict[str, str], to: str, text: str) -> tuple[int, str, str]:
+    import asyncio
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crosstalk", "send", to, text, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_crosstalk_send_takes_every_address_form(world: Callable[..., Node]) -> None:
+    bob = world("bob")
+    await bob.connect()
+    carol = world("carol")  # no CrossTalk
+    one, two = world("twin"), world("twin")  # two sessions without CrossTalk, one name
+    desc = Registry(Path(bob.env["CROSSTALK_HOME"])).live_descriptor(bob.agent_id)
+    assert desc is not None
+    for to in (f"claude:{bob.fc.pid}", f"claude:{bob.fc.session_id}", "claude:bob",
+               bob.agent_id, f"uds:{desc.uds_path}"):
+        code, out, err = await _cli_send(bob.env, to, f"via {to}")
+        assert code == 0, (to, err)
+        assert " accepted " in out
+    assert [c.rsplit("\n", 2)[-2] for c in bob.contents()] == [
+        f"via claude:{bob.fc.pid}", f"via claude:{bob.fc.session_id}", "via claude:bob",
+        f"via {bob.agent_id}", f"via uds:{desc.uds_path}"]
+    code, _, err = await _cli_send(bob.env, "carol", "hello?")
+    assert code == 3
+    assert "without CrossTalk" in err
+    assert carol.inbound() == []
+    # "twin" names two live sessions: an error naming both, never a guess. (CrossTalk
+    # aliases are unique under their locks; harness names need not be.)
+    code, _, err = await _cli_send(bob.env, "claude:twin", "which?")
+    assert code == 3
+    assert one.agent_id in err
+    assert two.agent_id in err
+    code, _, err = await _cli_send(bob.env, "claude:424242", "nobody")
+    assert code == 3
+    assert "no live agent" in err
