@@ -18,8 +18,6 @@ EXIT_USAGE = 2
 
 #: subcommand -> (one-line help, what it will do once built)
 _PLANNED: dict[str, tuple[str, str]] = {
-    "install": ("register CrossTalk with Claude Code and Codex", "edit both harness configs"),
-    "uninstall": ("undo install exactly", "restore both harness configs"),
     "doctor": ("diagnose the installation", "check harnesses, sockets, permissions, stale state"),
     "capture": ("dump one inbound frame for diagnosis", "record one frame from a socket"),
 }
@@ -46,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
     send.add_argument("--timeout", type=float, default=DELIVERY_TIMEOUT, metavar="SECONDS",
                       help=f"how long to wait for the ack (default {DELIVERY_TIMEOUT:.0f})")
+    for verb, text in (("install", "register crosstalk mcp with Claude Code and Codex, and "
+                                  "the skill"),
+                       ("uninstall", "undo install exactly")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("--dry-run", action="store_true",
+                       help="show what would change (a diff), change nothing")
     agents = sub.add_parser(
         "agents", help="list every session on this machine",
         description="Every CrossTalk agent, Claude Code session and Codex thread on this "
@@ -77,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from crosstalk.serve import run_mcp
 
         return run_mcp(ppid)
+    if args.command in ("install", "uninstall"):
+        from crosstalk.config import state_dir
+        from crosstalk.install import run_install
+
+        return run_install(state_dir(), uninstall=args.command == "uninstall",
+                           dry_run=args.dry_run)
     if args.command == "agents":
         from crosstalk.agents_cmd import run_agents
         from crosstalk.config import state_dir

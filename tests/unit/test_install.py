@@ -1,0 +1,111 @@
+"""``crosstalk install`` / ``uninstall`` on a throw-away HOME: both harness configs edited,
+the user's own content kept, uninstall byte-identical when nothing else changed."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from crosstalk.install import CODEX_ENV_VARS, Installer, run_install
+
+USER_TOML = """# my codex config
+model = "o4"  # keep this comment
+
+[mcp_servers.other]
+command = "other-server"
+"""
+USER_JSON = json.dumps({"numStartups": 3, "mcpServers": {"other": {"command": "x"}},
+                        "projects": {"/w": {"hasTrustDialogAccepted": True}}}, indent=2)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin"}
+
+
+def run(tmp_path: Path, env: dict[str, str], *args: str) -> str:
+    out = io.StringIO()
+    code = run_install(tmp_path / "state", uninstall="uninstall" in args,
+                       dry_run="--dry-run" in args, env=env, out=out)
+    assert code == 0
+    return out.getvalue()
+
+
+def test_fresh_install_then_uninstall_leaves_nothing(tmp_path: Path,
+                                                     env: dict[str, str]) -> None:
+    home = Path(env["HOME"])
+    out = run(tmp_path, env)
+    assert out.count("create: ") == 3
+    claude = json.loads((home / ".claude.json").read_text())
+    entry = claude["mcpServers"]["crosstalk"]
+    assert entry["type"] == "stdio"
+    assert Path(entry["command"]).is_absolute()
+    assert entry["args"][-1] == "mcp"
+    codex = tomlkit.parse((home / ".codex" / "config.toml").read_text())
+    assert codex["mcp_servers"]["crosstalk"]["env_vars"] == CODEX_ENV_VARS
+    assert codex["mcp_servers"]["crosstalk"]["command"] == entry["command"]
+    skill = home / ".claude" / "skills" / "crosstalk" / "SKILL.md"
+    assert "reply" in skill.read_text()
+    assert len(skill.read_text().splitlines()) < 60
+    assert run(tmp_path, env).count("unchanged: ") == 3  # idempotent
+    run(tmp_path, env, "uninstall")
+    assert not (home / ".claude.json").exists()
+    assert not (home / ".codex" / "config.toml").exists()
+    assert not skill.exists()
+
+
+def test_user_files_come_back_byte_identical(tmp_path: Path, env: dict[str, str]) -> None:
+    home = Path(env["HOME"])
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(USER_TOML)
+    (home / ".claude.json").write_text(USER_JSON)
+    run(tmp_path, env)
+    toml_text = (home / ".codex" / "config.toml").read_text()
+    assert toml_text.startswith(USER_TOML)  # comments and order kept, our table appended
+    assert "[mcp_servers.crosstalk]" in toml_text
+    assert json.loads((home / ".claude.json").read_text())["mcpServers"]["other"] == {
+        "command": "x"}
+    run(tmp_path, env)  # twice: still the one entry, the first "before" kept
+    run(tmp_path, env, "uninstall")
+    assert (home / ".codex" / "config.toml").read_text() == USER_TOML
+    assert (home / ".claude.json").read_text() == USER_JSON
+
+
+def test_uninstall_after_the_harness_changed_its_file_removes_only_ours(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    home = Path(env["HOME"])
+    (home).mkdir(parents=True)
+    (home / ".claude.json").write_text(USER_JSON)
+    run(tmp_path, env)
+    data = json.loads((home / ".claude.json").read_text())
+    data["numStartups"] = 4  # Claude rewrote its config meanwhile
+    (home / ".claude.json").write_text(json.dumps(data, indent=2))
+    run(tmp_path, env, "uninstall")
+    after = json.loads((home / ".claude.json").read_text())
+    assert after["numStartups"] == 4
+    assert after["mcpServers"] == {"other": {"command": "x"}}
+
+
+def test_dry_run_shows_the_diff_and_writes_nothing(tmp_path: Path,
+                                                   env: dict[str, str]) -> None:
+    out = run(tmp_path, env, "--dry-run")
+    assert "+[mcp_servers.crosstalk]" in out
+    assert '+    "crosstalk": {' in out
+    assert not Path(env["HOME"]).exists()
+    assert not (tmp_path / "state" / "install").exists()
+
+
+def test_config_dirs_from_the_environment_are_honoured(tmp_path: Path,
+                                                       env: dict[str, str]) -> None:
+    env = {**env, "CLAUDE_CONFIG_DIR": str(tmp_path / "cc"), "CODEX_HOME": str(tmp_path / "cx")}
+    run(tmp_path, env)
+    assert (tmp_path / "cc" / ".claude.json").exists()
+    assert (tmp_path / "cc" / "skills" / "crosstalk" / "SKILL.md").exists()
+    assert (tmp_path / "cx" / "config.toml").exists()
+    assert not (Path(env["HOME"]) / ".claude.json").exists()
+    targets = Installer(tmp_path / "state", env).targets()
+    assert targets["codex"] == tmp_path / "cx" / "config.toml"
