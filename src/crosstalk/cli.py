@@ -38,9 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deliver one inform through the agent's uds ingress, as an unverified "
         "sender. Exit 0 accepted or queued, 1 another state, 3 no such agent or ambiguous, "
         "4 transport failure.")
-    send.add_argument("to", help="agent name, agent_id, claude:<pid|session-id|name>, "
-                      "codex:<thread-id|name> or uds:<path>")
-    send.add_argument("text", help="the message, or - to read it from stdin")
+    send.add_argument("words", nargs="+", metavar="[TO] TEXT",
+                      help="the target (agent name, agent_id, claude:<pid|session-id|name>, "
+                      "codex:<thread-id|name> or uds:<path>), then the message (- reads it "
+                      "from stdin); with --to, just the message")
+    send.add_argument("--to", action="append", metavar="TARGET",
+                      help="broadcast: each target gets its own message (repeatable; needs "
+                      "--confirm-count). Exit 5 when only some were delivered.")
+    send.add_argument("--confirm-count", type=int, metavar="N",
+                      help="how many agents the --to targets must name, or nothing is sent")
     send.add_argument("--json", action="store_true", help="print the whole ack as JSON")
     send.add_argument("--timeout", type=float, default=DELIVERY_TIMEOUT, metavar="SECONDS",
                       help=f"how long to wait for the ack (default {DELIVERY_TIMEOUT:.0f})")
@@ -99,7 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "send":
             if args.timeout <= 0:
                 parser.error("--timeout must be positive")
-            return run_send(state_dir(), args.to, args.text, as_json=args.json,
+            if args.to:
+                if len(args.words) != 1:
+                    parser.error("with --to, give just the message")
+                if args.confirm_count is None:
+                    parser.error("a broadcast needs --confirm-count N")
+                from crosstalk.send import run_broadcast
+
+                return run_broadcast(state_dir(), args.to, args.words[0],
+                                     confirm_count=args.confirm_count, as_json=args.json,
+                                     timeout=args.timeout)
+            if len(args.words) != 2:
+                parser.error("give a target and a message")
+            return run_send(state_dir(), args.words[0], args.words[1], as_json=args.json,
                             timeout=args.timeout)
         return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
     _, plan = _PLANNED[args.command]

@@ -39,6 +39,7 @@ EXIT_STATE = 1
 EXIT_USAGE = 2
 EXIT_NO_TARGET = 3
 EXIT_TRANSPORT = 4
+EXIT_PARTIAL = 5
 
 #: What Claude Code's inbox accepts in one line (characters, without the newline).
 MAX_LINE = 1_048_576
@@ -234,6 +235,51 @@ def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
         mid = sent.ack.get("message_id") or sent.message_id
         print(f"{mid} {sent.state} {sent.ack.get('reason') or '-'}", file=out)
     return sent.exit_code
+
+
+def run_broadcast(home: Path, targets: list[str], text: str, *, confirm_count: int | None,
+                  as_json: bool = False, timeout: float = DELIVERY_TIMEOUT,
+                  stdin: IO[str] | None = None, out: IO[str] | None = None,
+                  err: IO[str] | None = None) -> int:
+    """``crosstalk send --to A --to B --confirm-count 2 TEXT`` (seed 001 §5): every target is
+    resolved first (one unknown or ambiguous target: nothing is sent); the count must match
+    what the targets resolve to, else a preview and nothing sent; then each target gets its
+    own message and ack. Exit 0 all accepted/queued, 5 some, else the first failure's."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if text == "-":
+        text = (stdin or sys.stdin).read().removesuffix("\n")
+    try:
+        resolved = list({d.agent_id: d for d in (resolve_target(home, t) for t in targets)
+                         }.values())
+    except SendFailure as exc:
+        print(f"crosstalk send: {exc} (nothing was sent)", file=err)
+        return exc.exit_code
+    if confirm_count != len(resolved):
+        print(f"crosstalk send: --confirm-count {confirm_count} does not match the "
+              f"{len(resolved)} agents these targets name; nothing was sent:", file=err)
+        for d in resolved:
+            print(f"  {d.agent_id}  {d.name}  {d.harness}  {d.cwd}", file=err)
+        return EXIT_USAGE
+    codes = []
+    for desc in resolved:
+        try:
+            sent = send(home, desc.agent_id, text, timeout=timeout)
+        except SendFailure as exc:
+            print(f"crosstalk send: {desc.name}: {exc}", file=err)
+            codes.append(exc.exit_code)
+            continue
+        codes.append(sent.exit_code)
+        if as_json:
+            print(json.dumps({"to": desc.name, **sent.ack}, separators=(",", ":")), file=out)
+        else:
+            mid = sent.ack.get("message_id") or sent.message_id
+            print(f"{desc.name} {mid} {sent.state} {sent.ack.get('reason') or '-'}", file=out)
+    if all(c == EXIT_OK for c in codes):
+        return EXIT_OK
+    if any(c == EXIT_OK for c in codes):
+        return EXIT_PARTIAL
+    return next(c for c in codes if c != EXIT_OK)
 
 
 # -- tail ---------------------------------------------------------------------------------------

@@ -275,3 +275,38 @@ def test_tail_follow_prints_new_records(env: Env) -> None:
         for stream in (p.stdout, p.stderr):
             if stream is not None:
                 stream.close()
+
+
+# -- broadcast (seed 001 §5) -------------------------------------------------------------------
+
+
+def test_broadcast_checks_the_count_first_and_reports_partial_delivery(env: Env) -> None:
+    path = env.sockdir / "keyless.sock"
+    env.node.registrations.append(register(env.node.registry, "keyless", "keyless",
+                                           uds_path=path))
+    # A count that does not match: a preview, nothing sent.
+    proc = env.run("send", "--to", NAME, "--to", "keyless", "--confirm-count", "3", "hi all")
+    assert proc.returncode == 2
+    assert "nothing was sent" in proc.stderr
+    assert env.node.agent_id in proc.stderr
+    # One unknown target: nothing sent either.
+    proc = env.run("send", "--to", NAME, "--to", "nobody", "--confirm-count", "2", "hi all")
+    assert proc.returncode == 3
+    assert env.node.harness.writes == []
+    # The same agent named twice counts once.
+    proc = env.run("send", "--to", NAME, "--to", env.node.agent_id, "--confirm-count", "1",
+                   "just once")
+    assert proc.returncode == 0, proc.stderr
+    assert [w.text for w in env.node.harness.writes] == ["just once"]
+    # Each target its own message; one cannot be reached: exit 5, the other still delivered.
+    proc = env.run("send", "--json", "--to", NAME, "--to", "keyless", "--confirm-count", "2",
+                   "hi all")
+    assert proc.returncode == 5, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert json.loads(line)["to"] == NAME
+    assert json.loads(line)["state"] == "accepted"
+    assert "keyless" in proc.stderr
+    assert [w.text for w in env.node.harness.writes] == ["just once", "hi all"]
+    usage = env.run("send", "--to", NAME, "hi")
+    assert usage.returncode == 2  # a broadcast needs --confirm-count
+    assert_no_secret(env, proc)
