@@ -45,7 +45,7 @@ def why_unreachable(entry: Entry) -> str | None:
 
 
 def rows(home: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    directory = Directory(Registry(home), discoveries(env))
+    directory = Directory(Registry.reader(home), discoveries(env))
     out = []
     for entry in directory.snapshot():
         row = entry.row()

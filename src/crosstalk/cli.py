@@ -18,7 +18,6 @@ EXIT_USAGE = 2
 
 #: subcommand -> (one-line help, what it will do once built)
 _PLANNED: dict[str, tuple[str, str]] = {
-    "doctor": ("diagnose the installation", "check harnesses, sockets, permissions, stale state"),
     "capture": ("dump one inbound frame for diagnosis", "record one frame from a socket"),
 }
 
@@ -56,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=text)
         p.add_argument("--dry-run", action="store_true",
                        help="show what would change (a diff), change nothing")
+    doctor = sub.add_parser(
+        "doctor", help="diagnose the installation",
+        description="What is installed where, which harness servers run, and what is wrong, "
+        "each problem with the command that fixes it. Exit 1 if there is a problem.")
+    doctor.add_argument("--fix", action="store_true",
+                        help="apply CrossTalk's own fixes (stale descriptors, permissions)")
     agents = sub.add_parser(
         "agents", help="list every session on this machine",
         description="Every CrossTalk agent, Claude Code session and Codex thread on this "
@@ -72,54 +77,84 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Each command imports what it needs only when it runs: `crosstalk mcp` start-up is measured.
+
+
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.demo import run_demo
+
+    return run_demo(keep=args.keep)
+
+
+def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
+    from crosstalk.serve import run_mcp
+
+    return run_mcp(ppid)
+
+
+def _install(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.config import state_dir
+    from crosstalk.install import run_install
+
+    return run_install(state_dir(), uninstall=args.command == "uninstall",
+                       dry_run=args.dry_run)
+
+
+def _doctor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.config import state_dir
+    from crosstalk.doctor import run_doctor
+
+    return run_doctor(state_dir(), fix=args.fix)
+
+
+def _agents(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.agents_cmd import run_agents
+    from crosstalk.config import state_dir
+
+    return run_agents(state_dir(), as_json=args.json)
+
+
+def _send(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.config import state_dir
+    from crosstalk.send import run_broadcast, run_send
+
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    if args.to:
+        if len(args.words) != 1:
+            parser.error("with --to, give just the message")
+        if args.confirm_count is None:
+            parser.error("a broadcast needs --confirm-count N")
+        return run_broadcast(state_dir(), args.to, args.words[0],
+                             confirm_count=args.confirm_count, as_json=args.json,
+                             timeout=args.timeout)
+    if len(args.words) != 2:
+        parser.error("give a target and a message")
+    return run_send(state_dir(), args.words[0], args.words[1], as_json=args.json,
+                    timeout=args.timeout)
+
+
+def _tail(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.config import state_dir
+    from crosstalk.send import run_tail
+
+    return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
+
+
+_COMMANDS = {"demo": _demo, "mcp": _mcp, "install": _install, "uninstall": _install,
+             "doctor": _doctor, "agents": _agents, "send": _send, "tail": _tail}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    if args.command == "demo":
-        from crosstalk.demo import run_demo
-
-        return run_demo(keep=args.keep)
-    if args.command == "mcp":
-        ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
-        from crosstalk.serve import run_mcp
-
-        return run_mcp(ppid)
-    if args.command in ("install", "uninstall"):
-        from crosstalk.config import state_dir
-        from crosstalk.install import run_install
-
-        return run_install(state_dir(), uninstall=args.command == "uninstall",
-                           dry_run=args.dry_run)
-    if args.command == "agents":
-        from crosstalk.agents_cmd import run_agents
-        from crosstalk.config import state_dir
-
-        return run_agents(state_dir(), as_json=args.json)
-    if args.command in ("send", "tail"):
-        from crosstalk.config import state_dir
-        from crosstalk.send import run_send, run_tail
-
-        if args.command == "send":
-            if args.timeout <= 0:
-                parser.error("--timeout must be positive")
-            if args.to:
-                if len(args.words) != 1:
-                    parser.error("with --to, give just the message")
-                if args.confirm_count is None:
-                    parser.error("a broadcast needs --confirm-count N")
-                from crosstalk.send import run_broadcast
-
-                return run_broadcast(state_dir(), args.to, args.words[0],
-                                     confirm_count=args.confirm_count, as_json=args.json,
-                                     timeout=args.timeout)
-            if len(args.words) != 2:
-                parser.error("give a target and a message")
-            return run_send(state_dir(), args.words[0], args.words[1], as_json=args.json,
-                            timeout=args.timeout)
-        return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
+    command = _COMMANDS.get(args.command)
+    if command is not None:
+        return command(args, parser)
     _, plan = _PLANNED[args.command]
     print(f"crosstalk {args.command}: not built yet (it will {plan})", file=sys.stderr)
     return EXIT_USAGE

@@ -188,6 +188,15 @@ class Registry:
         self.names_dir = ensure_private_dir(home / "names")
         self.credentials_dir = ensure_private_dir(home / "credentials")
 
+    @classmethod
+    def reader(cls, home: Path) -> Registry:
+        """A registry for read-only callers (``crosstalk doctor``): it creates no directory
+        and changes no permission, so a diagnosis never repairs what it reports."""
+        reg = cls.__new__(cls)
+        reg.home, reg.agents_dir = home, home / "agents"
+        reg.names_dir, reg.credentials_dir = home / "names", home / "credentials"
+        return reg
+
     # -- paths ---------------------------------------------------------------------------
 
     def descriptor_path(self, agent_id: str) -> Path:

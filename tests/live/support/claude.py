@@ -430,12 +430,15 @@ class LiveClaude:
     """One interactive Claude Code session in its own tmux server, inside the namespace."""
 
     def __init__(self, world: World, name: str, *, crosstalk: bool = True,
-                 permission_mode: str = "manual", extra_args: tuple[str, ...] = ()) -> None:
+                 permission_mode: str = "manual", extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> None:
         self.world = world
         self.name = name
         self.crosstalk = crosstalk
         self.permission_mode = permission_mode
         self.extra_args = extra_args
+        #: More of Claude's environment (inherited by the MCP servers it starts).
+        self.extra_env = dict(extra_env or {})
         self.dir = world.root / f"s-{name}"
         self.cwd = self.dir / name  # Claude derives a first name from the cwd's basename
         self.cwd.mkdir(parents=True)
@@ -455,7 +458,8 @@ class LiveClaude:
                 "LANG": "C.UTF-8", "CLAUDE_CONFIG_DIR": str(w.config_dir),
                 "XDG_RUNTIME_DIR": str(w.runtime), "ANTHROPIC_BASE_URL": w.mock.base_url,
                 "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1",
-                **({"IS_SANDBOX": "1"} if self.permission_mode == "bypassPermissions" else {})}
+                **({"IS_SANDBOX": "1"} if self.permission_mode == "bypassPermissions" else {}),
+                **self.extra_env}
 
     def _argv(self) -> list[str]:
         argv = [str(self.world.binary), "--name", self.name,

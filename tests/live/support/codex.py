@@ -576,7 +576,10 @@ class CodexWorld:
         return {"CROSSTALK_HOME": str(self.state), "XDG_RUNTIME_DIR": str(self.runtime),
                 "CROSSTALK_LOG": "INFO"}
 
-    def write_config(self, extra: str = "", codex_home: Path | None = None) -> None:
+    def write_config(self, extra: str = "", codex_home: Path | None = None, *,
+                     crosstalk: bool = True) -> None:
+        """``config.toml``: the mock provider, trust, and (unless ``crosstalk`` is false, e.g.
+        for ``crosstalk install`` to add it) the rig's own ``[mcp_servers.crosstalk]``."""
         provider = {"name": "CrossTalk live mock", "base_url": self.mock.base_url,
                     "wire_api": "responses", "env_key": KEY_VAR}
         lines = [
@@ -602,16 +605,19 @@ class CodexWorld:
             "[feedback]",
             "enabled = false",
             "",
-            "[mcp_servers.crosstalk]",
-            f"command = {_toml(self.python)}",
-            f"args = {_toml(SHIM_ARGV)}",
-            f"env_vars = {_toml(ENV_VARS)}",
-            f"env = {_toml(self.mcp_env())}",
-            "startup_timeout_sec = 30",
-            # send_message may wait up to 150 s for a delivery outcome.
-            "tool_timeout_sec = 180",
-            "",
         ]
+        if crosstalk:
+            lines += [
+                "[mcp_servers.crosstalk]",
+                f"command = {_toml(self.python)}",
+                f"args = {_toml(SHIM_ARGV)}",
+                f"env_vars = {_toml(ENV_VARS)}",
+                f"env = {_toml(self.mcp_env())}",
+                "startup_timeout_sec = 30",
+                # send_message may wait up to 150 s for a delivery outcome.
+                "tool_timeout_sec = 180",
+                "",
+            ]
         (codex_home or self.codex_home).joinpath("config.toml").write_text(
             "\n".join(lines) + extra)
 
