@@ -30,12 +30,22 @@ def test_no_command_is_usage(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_runs_as_a_newcomer_would() -> None:
+    """Issue 7: two embedded agents send, ask and reply through the real parts, in < 10 s,
+    and the output shows each hop."""
+    import time
+
+    started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "crosstalk", "demo"], capture_output=True, text=True, timeout=60,
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    assert "named 'reviewer'" in out.stdout
-    assert "fallback name" in out.stdout
-    assert "discarded ['torn_tail']" in out.stdout
+    assert time.monotonic() - started < 10
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("[register]") for line in lines) == 2
+    assert any("[bob     ] model receives: <cross-session-message" in line for line in lines)
+    assert any("kind=ask reply-with=reply" in line for line in lines)
+    assert any("it reached alice, marked as the answer to her ask" in line for line in lines)
+    assert any("message  accepted    inbox read the frame and closed" in line for line in lines)
+    assert any("reply    forwarded" in line for line in lines)
     assert "live descriptors left: 0" in out.stdout
