@@ -200,6 +200,10 @@ class Installer:
         return changes
 
     def apply(self, changes: list[Change], *, installing: bool) -> None:
+        if installing and self._record("dirs") is None:
+            # Directories install creates (the skill's, a first ~/.codex) go with uninstall.
+            self._save("dirs", {"created": sorted({str(d) for c in changes
+                                                    for d in _missing_parents(c.path)})})
         for change in changes:
             harness = next((h for h, p in self.targets().items() if p == change.path), None)
             if installing and harness is not None and self._record(harness) is None:
@@ -212,9 +216,12 @@ class Installer:
             if not installing and harness is not None:
                 (self.saved / f"{harness}.json").unlink(missing_ok=True)
         if not installing:
-            skill_dir = self.skill_path().parent
-            if skill_dir.is_dir() and not any(skill_dir.iterdir()):
-                skill_dir.rmdir()
+            created = (self._record("dirs") or {}).get("created", [])
+            for directory in sorted(map(Path, created), key=lambda p: len(p.parts),
+                                    reverse=True):
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+            (self.saved / "dirs.json").unlink(missing_ok=True)
 
     def _write(self, change: Change) -> None:
         if change.after is None:
@@ -234,6 +241,15 @@ class Installer:
     def _save(self, harness: str, record: dict[str, Any]) -> None:
         ensure_private_dir(self.saved)
         write_atomic(self.saved / f"{harness}.json", json.dumps(record).encode(), 0o600)
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    missing = []
+    for parent in path.parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
 
 
 def run_install(state: Path, *, uninstall: bool = False, dry_run: bool = False,

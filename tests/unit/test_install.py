@@ -56,6 +56,9 @@ def test_fresh_install_then_uninstall_leaves_nothing(tmp_path: Path,
     assert not (home / ".claude.json").exists()
     assert not (home / ".codex" / "config.toml").exists()
     assert not skill.exists()
+    assert not (home / ".claude").exists()  # the directories install made go too
+    assert not (home / ".codex").exists()
+    assert not home.exists()
 
 
 def test_user_files_come_back_byte_identical(tmp_path: Path, env: dict[str, str]) -> None:
