@@ -112,3 +112,19 @@ def test_config_dirs_from_the_environment_are_honoured(tmp_path: Path,
     assert not (Path(env["HOME"]) / ".claude.json").exists()
     targets = Installer(tmp_path / "state", env).targets()
     assert targets["codex"] == tmp_path / "cx" / "config.toml"
+
+
+def test_the_plugin_skill_is_the_packaged_skill() -> None:
+    """``plugins/crosstalk`` (the Claude plugin) and the package install the same skill."""
+    from crosstalk.install import SKILL_SOURCE
+
+    repo = Path(__file__).resolve().parents[2]
+    plugin = repo / "plugins" / "crosstalk"
+    assert (plugin / "skills" / "crosstalk" / "SKILL.md").read_text() == SKILL_SOURCE.read_text()
+    manifest = json.loads((plugin / ".claude-plugin" / "plugin.json").read_text())
+    assert manifest["name"] == "crosstalk"
+    text = SKILL_SOURCE.read_text()
+    assert text.startswith("---\nname: crosstalk\n")
+    for tool in ("list_agents", "send_message", "ask", "reply", "receive_message", "claim",
+                 "release"):
+        assert f"`{tool}`" in text
