@@ -107,7 +107,15 @@ def process_matches(pid: int, start_time: str | None) -> bool:
     not a zombie)."""
     if start_time is None or not pid_alive(pid):
         return False
-    return process_start_time(pid) == start_time and not is_zombie(pid)
+    if sys.platform.startswith("linux"):
+        try:  # one read for both facts: registry scans call this once per descriptor
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return False
+        state = raw[raw.rfind(b")") + 1:].split()[:1]
+        return parse_proc_stat_start_time(raw) == start_time and state not in ([b"Z"], [b"X"])
+    return process_start_time(pid) == start_time
 
 
 @cache

@@ -12,7 +12,9 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcp.server.stdio import stdio_server
@@ -50,10 +52,22 @@ def identifiers_from_env(env: dict[str, str], ppid: int | None = None) -> list[I
     return found
 
 
-def _codex_endpoints(registry: Registry) -> list[str]:
-    """App-server endpoints that live Codex agents were bound to (seed CQ10)."""
-    return [d.harness_endpoint for d in registry.live()
-            if d.harness == "codex" and d.harness_endpoint]
+@dataclass
+class _RecordedEndpoints:
+    """App-server endpoints that live Codex agents were bound to (seed CQ10). Cached for a
+    moment: every list_agents and delivery asks, and each answer is a registry scan."""
+
+    registry: Registry
+    ttl: float = 2.0
+    _at: float = float("-inf")
+    _found: list[str] = field(default_factory=list)
+
+    def __call__(self) -> list[str]:
+        now = time.monotonic()
+        if now - self._at > self.ttl:
+            self._at, self._found = now, [d.harness_endpoint for d in self.registry.live()
+                                          if d.harness == "codex" and d.harness_endpoint]
+        return list(self._found)
 
 
 async def _watch_parent(ppid: int, shim: Shim) -> None:
@@ -74,7 +88,7 @@ async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
         if isinstance(identifier, ClaudeIdentifier):
             identifier.lookup = registry.live_descriptor  # a sender's session, for parity
         if isinstance(identifier, CodexIdentifier):
-            identifier.recorded_endpoints = lambda: _codex_endpoints(registry)
+            identifier.recorded_endpoints = _RecordedEndpoints(registry)
     shim = Shim(registry, identifiers, env=env)
     server = build_server(Tools(shim))
     try:
