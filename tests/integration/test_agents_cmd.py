@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Descriptor, Registry
-from tests.integration._claude_support import FakeClaude, claude_env
+from tests.integration._claude_support import FakeClaude
 from tests.integration._fake_codex import fake_app_server
 
 pytestmark = pytest.mark.anyio
@@ -31,18 +29,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    base = claude_env(tmp_path)
-    base["CODEX_HOME"] = tempfile.mkdtemp(prefix="ct-ag-", dir="/tmp")
-    return base
+def env(machine_env: dict[str, str]) -> dict[str, str]:
+    return machine_env
 
 
 @pytest.fixture
-def sessions(tmp_path: Path, env: dict[str, str]) -> Iterator[list[FakeClaude]]:
-    started: list[FakeClaude] = []
-    yield started
-    for fc in started:
-        fc.stop()
+def sessions(fake_sessions: list[FakeClaude]) -> list[FakeClaude]:
+    return fake_sessions
 
 
 async def agents(env: dict[str, str], *args: str) -> tuple[int, str, str]:

@@ -34,12 +34,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    from tests.integration._claude_support import claude_env
-
-    base = claude_env(tmp_path)
-    base["CODEX_HOME"] = tempfile.mkdtemp(prefix="ct-cxh-", dir="/tmp")
-    return base
+def env(machine_env: dict[str, str]) -> dict[str, str]:
+    return machine_env
 
 
 @pytest.fixture

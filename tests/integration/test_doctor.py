@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from crosstalk.harness.codex import control_socket
 from crosstalk.store.registry import Descriptor, Registry
-from tests.integration._claude_support import FakeClaude, claude_env
+from tests.integration._claude_support import FakeClaude
 from tests.integration._fake_codex import fake_app_server
 
 pytestmark = pytest.mark.anyio
@@ -26,18 +24,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    base = claude_env(tmp_path)
-    base["CODEX_HOME"] = tempfile.mkdtemp(prefix="ct-dr-", dir="/tmp")
-    return base
+def env(machine_env: dict[str, str]) -> dict[str, str]:
+    return machine_env
 
 
 @pytest.fixture
-def sessions() -> Iterator[list[FakeClaude]]:
-    started: list[FakeClaude] = []
-    yield started
-    for fc in started:
-        fc.stop()
+def sessions(fake_sessions: list[FakeClaude]) -> list[FakeClaude]:
+    return fake_sessions
 
 
 async def crosstalk(env: dict[str, str], *args: str) -> tuple[int, str]:
