@@ -54,12 +54,8 @@ def process_start_time(pid: int) -> str | None:
     if pid <= 0:
         return None
     if sys.platform.startswith("linux"):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            return None
-        return parse_proc_stat_start_time(raw)
+        raw = _read_stat(pid)
+        return None if raw is None else parse_proc_stat_start_time(raw)
     try:
         out = subprocess.run(
             ["ps", "-o", "lstart=", "-p", str(pid)],  # noqa: S607 - system ps (macOS)
@@ -87,19 +83,29 @@ def parse_proc_stat_start_time(raw: bytes) -> str | None:
     return rest[19].decode("ascii")
 
 
+def _read_stat(pid: int) -> bytes | None:
+    """``/proc/<pid>/stat`` (Linux), or ``None`` if there is no such process to read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
+def _exited(raw: bytes) -> bool:
+    """Field 3 (state) is ``Z`` or ``X``: exited, waiting to be reaped."""
+    state = raw[raw.rfind(b")") + 1 :].split()[:1]
+    return state in ([b"Z"], [b"X"])
+
+
 def is_zombie(pid: int) -> bool:
     """The process has exited and waits to be reaped (Linux state ``Z``): it holds its pid but
     runs nothing, so it serves no socket. Codex SIGKILLs its MCP servers on shutdown and their
     parent may reap them seconds later (live, issue 6)."""
     if not sys.platform.startswith("linux") or pid <= 0:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return False
-    rest = raw[raw.rfind(b")") + 1:].split()
-    return bool(rest) and rest[0] in (b"Z", b"X")
+    raw = _read_stat(pid)
+    return raw is not None and _exited(raw)
 
 
 def process_matches(pid: int, start_time: str | None) -> bool:
@@ -108,13 +114,9 @@ def process_matches(pid: int, start_time: str | None) -> bool:
     if start_time is None or not pid_alive(pid):
         return False
     if sys.platform.startswith("linux"):
-        try:  # one read for both facts: registry scans call this once per descriptor
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            return False
-        state = raw[raw.rfind(b")") + 1:].split()[:1]
-        return parse_proc_stat_start_time(raw) == start_time and state not in ([b"Z"], [b"X"])
+        raw = _read_stat(pid)  # one read for both facts: scans call this per descriptor
+        return raw is not None and parse_proc_stat_start_time(raw) == start_time and (
+            not _exited(raw))
     return process_start_time(pid) == start_time
 
 
