@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -88,52 +88,76 @@ async def loaded_threads(server: AppServer) -> list[str]:
     return ids
 
 
-async def hosts_of(thread_id: str, endpoints: Sequence[str]) -> list[str]:
-    """The endpoints whose app-server has ``thread_id`` loaded (CQ10: ``thread/read`` alone
-    could answer from stored history; only the loaded list proves a live host)."""
-    async def check(endpoint: str) -> str | None:
+@contextlib.asynccontextmanager
+async def hosts(thread_id: str, endpoints: Sequence[str], *,
+                timeout: float = REQUEST_TIMEOUT) -> AsyncIterator[list[AppServer]]:
+    """Open connections to the app-servers that have ``thread_id`` loaded (CQ10: ``thread/read``
+    alone could answer from stored history; only the loaded list proves a live host). The
+    caller uses the one it needs on the same connection; all are closed on exit."""
+    async def probe(endpoint: str) -> AppServer | None:
+        server = AppServer(endpoint, timeout=DISCOVERY_TIMEOUT)
         try:
-            async with AppServer(endpoint, timeout=DISCOVERY_TIMEOUT) as server:
-                return endpoint if thread_id in await loaded_threads(server) else None
+            await server.connect()
+            if thread_id in await loaded_threads(server):
+                server.timeout = timeout
+                return server
         except AppServerError as exc:
             log.debug("codex endpoint %s: %s", endpoint, exc)
-            return None
+        await server.close()
+        return None
 
-    found = await asyncio.gather(*(check(e) for e in dict.fromkeys(endpoints)
+    found = await asyncio.gather(*(probe(e) for e in dict.fromkeys(endpoints)
                                    if os.path.exists(e)))
-    return [e for e in found if e is not None]
+    open_hosts = [s for s in found if s is not None]
+    try:
+        yield open_hosts
+    finally:
+        await asyncio.gather(*(s.close() for s in open_hosts))
 
 
 async def inject_into(endpoint: str, thread_id: str, delivery: Delivery, *,
                       timeout: float = REQUEST_TIMEOUT) -> Outcome:
+    """:func:`inject_on` a fresh connection to ``endpoint``."""
+    server = AppServer(endpoint, timeout=timeout)
+    try:
+        await server.connect()
+    except AppServerError as exc:
+        log.info("codex inject into %s via %s: %s", thread_id, endpoint, exc)
+        return Outcome(MessageState.UNREACHABLE, "app_server_unreachable")
+    try:
+        return await inject_on(server, thread_id, delivery)
+    finally:
+        await server.close()
+
+
+async def inject_on(server: AppServer, thread_id: str, delivery: Delivery) -> Outcome:
     """``turn/start`` (verified and immediate: wakes an idle thread, joins a running turn) or
     ``thread/inject_items`` (next_turn or unverified: the model sees it on its next request)."""
     text = render(delivery)
     try:
-        async with AppServer(endpoint, timeout=timeout) as server:
-            if delivery.wake:
-                result = await server.request("turn/start", {
-                    "threadId": thread_id,
-                    "input": [{"type": "text", "text": text, "text_elements": []}]})
-                turn = result.get("turn") if isinstance(result, dict) else None
-                turn_id = turn.get("id") if isinstance(turn, dict) else None
-                if not isinstance(turn_id, str) or not turn_id:
-                    return Outcome(MessageState.UNKNOWN, "malformed_turn_start")
-                return Outcome(MessageState.ACCEPTED, None, f"turn {turn_id}")
-            await server.request("thread/inject_items", {
+        if delivery.wake:
+            result = await server.request("turn/start", {
                 "threadId": thread_id,
-                "items": [{"type": "message", "role": "user",
-                           "content": [{"type": "input_text", "text": text}]}]})
-            return Outcome(MessageState.QUEUED, None, "inject_items")
+                "input": [{"type": "text", "text": text, "text_elements": []}]})
+            turn = result.get("turn") if isinstance(result, dict) else None
+            turn_id = turn.get("id") if isinstance(turn, dict) else None
+            if not isinstance(turn_id, str) or not turn_id:
+                return Outcome(MessageState.UNKNOWN, "malformed_turn_start")
+            return Outcome(MessageState.ACCEPTED, None, f"turn {turn_id}")
+        await server.request("thread/inject_items", {
+            "threadId": thread_id,
+            "items": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": text}]}]})
+        return Outcome(MessageState.QUEUED, None, "inject_items")
     except NotSent as exc:
-        log.info("codex inject into %s via %s: %s", thread_id, endpoint, exc)
+        log.info("codex inject into %s via %s: %s", thread_id, server.path, exc)
         return Outcome(MessageState.UNREACHABLE, "app_server_unreachable")
     except ServerError as exc:
         reason = ("codex_thread_not_loaded" if "not found" in exc.message
                   else f"app_server_refused:{exc.code}")
         return Outcome(MessageState.UNREACHABLE, reason)
     except AppServerError as exc:  # sent, no answer: ambiguous, never resent
-        log.warning("codex inject into %s via %s: %s", thread_id, endpoint, exc)
+        log.warning("codex inject into %s via %s: %s", thread_id, server.path, exc)
         return Outcome(MessageState.UNKNOWN, "app_server_no_answer")
 
 
@@ -192,31 +216,30 @@ class CodexHarness:
     env: Mapping[str, str] = field(default_factory=dict)
 
     async def inject(self, binding: Binding, delivery: Delivery) -> Outcome:
-        hosts = await hosts_of(self.thread_id, self.endpoints())
-        if len(hosts) > 1:
-            return Outcome(MessageState.UNREACHABLE, "ambiguous_endpoint")
-        if not hosts:
-            codex = self.codex()
-            if codex is None:
-                return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
-            return await durable_queue(codex, self.thread_id, delivery, self.env)
-        return await inject_into(hosts[0], self.thread_id, delivery, timeout=self.timeout)
+        async with hosts(self.thread_id, self.endpoints(), timeout=self.timeout) as found:
+            if len(found) > 1:
+                return Outcome(MessageState.UNREACHABLE, "ambiguous_endpoint")
+            if found:
+                return await inject_on(found[0], self.thread_id, delivery)
+        codex = self.codex()
+        if codex is None:
+            return Outcome(MessageState.UNREACHABLE, "codex_thread_not_loaded")
+        return await durable_queue(codex, self.thread_id, delivery, self.env)
 
     async def reconcile(self, binding: Binding, message_id: str) -> Outcome | None:
         """Positive evidence that an ambiguous ``turn/start`` reached the thread: a turn in
         its history whose user input carries our message-id (seed test 20). Appended items
         are not in that history, so they stay unknown; never resent either way."""
-        hosts = await hosts_of(self.thread_id, self.endpoints())
-        if len(hosts) != 1:
-            return None
         marker = f'message-id="{message_id}"'
-        try:
-            async with AppServer(hosts[0], timeout=self.timeout) as server:
-                page = await server.request("thread/turns/list", {
+        async with hosts(self.thread_id, self.endpoints(), timeout=self.timeout) as found:
+            if len(found) != 1:
+                return None
+            try:
+                page = await found[0].request("thread/turns/list", {
                     "threadId": self.thread_id, "limit": 50, "itemsView": "full"})
-        except AppServerError as exc:
-            log.info("codex reconcile %s: %s", message_id, exc)
-            return None
+            except AppServerError as exc:
+                log.info("codex reconcile %s: %s", message_id, exc)
+                return None
         for turn in page.get("data", []) if isinstance(page, dict) else []:
             if isinstance(turn, dict) and any(marker in text for text in _texts(turn)):
                 return Outcome(MessageState.ACCEPTED, None, f"turn {turn.get('id')}")
@@ -263,21 +286,21 @@ class CodexIdentifier:
         """Before the thread's agent registers: its one live host (recorded as the agent's
         endpoint) and its name there (``thread.name``, the harness name of CQ8). No host or
         several: unbound, and inbound says why on each delivery."""
-        hosts = await hosts_of(identity.session_ref, self.endpoints())
-        if len(hosts) != 1:
-            return identity
-        name: str | None = None
-        try:
-            async with AppServer(hosts[0], timeout=DISCOVERY_TIMEOUT) as server:
-                got = await server.request("thread/read", {"threadId": identity.session_ref})
-            thread = got.get("thread") if isinstance(got, dict) else None
-            value = thread.get("name") if isinstance(thread, dict) else None
-            name = value if isinstance(value, str) and value else None
-            cwd = thread.get("cwd") if isinstance(thread, dict) else None
-        except AppServerError as exc:
-            log.debug("codex thread %s: no name (%s)", identity.session_ref, exc)
-            cwd = None
-        return replace(identity, endpoint=hosts[0], session_name=name,
+        async with hosts(identity.session_ref, self.endpoints(),
+                         timeout=DISCOVERY_TIMEOUT) as found:
+            if len(found) != 1:
+                return identity
+            host = found[0]
+            try:
+                got = await host.request("thread/read", {"threadId": identity.session_ref})
+            except AppServerError as exc:
+                log.debug("codex thread %s: no name (%s)", identity.session_ref, exc)
+                got = None
+        thread = got.get("thread") if isinstance(got, dict) else None
+        name = thread.get("name") if isinstance(thread, dict) else None
+        cwd = thread.get("cwd") if isinstance(thread, dict) else None
+        return replace(identity, endpoint=host.path,
+                       session_name=name if isinstance(name, str) and name else None,
                        cwd=cwd if isinstance(cwd, str) and cwd else identity.cwd)
 
     def harness_for(self, identity: Identity) -> Harness:
