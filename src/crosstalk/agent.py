@@ -544,13 +544,14 @@ class Agent:
         prior.update(state=state.value, result=result)
         return result
 
-    async def send(self, to: str, text: str, *, kind: str = "inform",
+    async def send(self, to: str | Descriptor, text: str, *, kind: str = "inform",
                    delivery: str = "immediate", deadline_seconds: int = 0,
                    message_id: str | None = None, in_reply_to: str | None = None,
                    return_immediately: bool = False,
                    until_delivered: bool = False) -> a2a_client.SendResult:
-        """Send to a registered agent (by name or agent_id) over A2A, as this agent."""
-        target = self._peer(to)
+        """Send to a registered agent over A2A, as this agent: by name or agent_id, or by the
+        descriptor a caller already resolved (no second registry scan)."""
+        target = to if isinstance(to, Descriptor) else self._peer(to)
         if isinstance(target, str):
             return a2a_client.SendResult(message_id="", state="unknown", reason=target)
         if target.a2a_url is None:
@@ -562,7 +563,6 @@ class Agent:
             deadline_seconds=deadline_seconds, message_id=message_id, in_reply_to=in_reply_to,
             return_immediately=return_immediately, until_delivered=until_delivered,
             expect_name=target.name)
-
 
     async def send_native(self, discovery: Discovery, session: Session, text: str, *,
                           delivery: str = "immediate") -> a2a_client.SendResult:

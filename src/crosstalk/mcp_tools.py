@@ -229,8 +229,6 @@ class Tools:
             return payload  # it reached no peer: nothing to count (seed §4)
         if target.descriptor is None:
             payload["hint"] = _native_hint(target, refused=reason == "native_inform_only")
-        elif res.reason == "no_such_agent":  # gone between lookup and send
-            payload["hint"] = "no live agent has that name or id; call list_agents"
         elif res.reason in _SEND_HINTS:
             payload["hint"] = _SEND_HINTS[res.reason]
         nudge = self.shim.nudge_counter(identity).record(
@@ -249,7 +247,7 @@ class Tools:
         if isinstance(target, Unresolved):
             return target, SendResult(message_id="", state="unknown", reason=target.reason)
         if target.descriptor is not None:
-            res = await agent.send(target.agent_id, text, kind=kind, delivery=delivery,
+            res = await agent.send(target.descriptor, text, kind=kind, delivery=delivery,
                                    deadline_seconds=deadline, until_delivered=kind == "ask")
             return target, res
         discovery = self.shim.directory.discovery_for(target.harness)
