@@ -53,6 +53,7 @@ class Tracker:
         self._prune()
         expected = _Expected(message_id, pid, start, self.clock())
         expected.waiter = asyncio.get_running_loop().create_future()
+        self._sent.pop(msg_id, None)  # a resend goes to the back: oldest first stays true
         self._sent[msg_id] = expected
 
     async def wait(self, msg_id: str, grace: float) -> Receipt | None:
@@ -109,12 +110,14 @@ class Tracker:
         self._sent.pop(msg_id, None)
 
     def _prune(self) -> None:
+        """Drop the oldest frames (insertion order is time order) past the keep time or the
+        count: a look at the front, not a walk over every frame on each injection."""
         cutoff = self.clock() - KEEP_SECONDS
-        stale = [k for k, v in self._sent.items() if v.at < cutoff]
-        for key in stale:
-            del self._sent[key]
-        while len(self._sent) >= MAX_TRACKED:
-            del self._sent[next(iter(self._sent))]
+        while self._sent:
+            oldest = next(iter(self._sent))
+            if self._sent[oldest].at >= cutoff and len(self._sent) < MAX_TRACKED:
+                break
+            del self._sent[oldest]
 
 
 #: One per process: the injector registers frames, every agent's uds ingress reports back.
