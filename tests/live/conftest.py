@@ -9,7 +9,7 @@ silently skips proves nothing. ``CROSSTALK_LIVE=0`` skips them deliberately.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,19 +37,19 @@ def _live_disabled() -> bool:
     return os.environ.get("CROSSTALK_LIVE", "").strip() == "0"
 
 
-@pytest.fixture(scope="session")
-def claude_binary() -> Path:
+def _installed(what: str, version: str, install: Callable[[], Path]) -> Path:
+    """A pinned binary, installed once; a failure fails the run (only CROSSTALK_LIVE=0 skips)."""
     if _live_disabled():
-        pytest.skip("CROSSTALK_LIVE=0: live Claude Code tests disabled")
+        pytest.skip(f"CROSSTALK_LIVE=0: live {what} tests disabled")
     try:
-        return ensure_claude()
+        return install()
     except InstallError as exc:
-        pytest.fail(f"live suite: cannot install Claude Code {VERSION}: {exc}\n"
+        pytest.fail(f"live suite: cannot install {what} {version}: {exc}\n"
                     "(set CROSSTALK_LIVE=0 to skip the live suite deliberately)", pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def netns(claude_binary: Path) -> Iterator[Netns]:
+def _namespace() -> Iterator[Netns]:
+    """A loopback-only network namespace for the session's harness processes."""
     try:
         ns = Netns()
     except LiveError as exc:
@@ -59,6 +59,16 @@ def netns(claude_binary: Path) -> Iterator[Netns]:
         yield ns
     finally:
         ns.close()
+
+
+@pytest.fixture(scope="session")
+def claude_binary() -> Path:
+    return _installed("Claude Code", VERSION, ensure_claude)
+
+
+@pytest.fixture(scope="session")
+def netns(claude_binary: Path) -> Iterator[Netns]:
+    yield from _namespace()
 
 
 @dataclass
@@ -131,26 +141,12 @@ from tests.live.support.install import CODEX_VERSION, ensure_codex  # noqa: E402
 
 @pytest.fixture(scope="session")
 def codex_binary() -> Path:
-    if _live_disabled():
-        pytest.skip("CROSSTALK_LIVE=0: live Codex tests disabled")
-    try:
-        return ensure_codex()
-    except InstallError as exc:
-        pytest.fail(f"live suite: cannot install Codex {CODEX_VERSION}: {exc}\n"
-                    "(set CROSSTALK_LIVE=0 to skip the live suite deliberately)", pytrace=False)
+    return _installed("Codex", CODEX_VERSION, ensure_codex)
 
 
 @pytest.fixture(scope="session")
 def codex_netns(codex_binary: Path) -> Iterator[Netns]:
-    try:
-        ns = Netns()
-    except LiveError as exc:
-        pytest.fail(f"live suite: {exc}\n(set CROSSTALK_LIVE=0 to skip the live suite "
-                    "deliberately)", pytrace=False)
-    try:
-        yield ns
-    finally:
-        ns.close()
+    yield from _namespace()
 
 
 def _codex_teardown(request: pytest.FixtureRequest, cw: CodexWorld) -> None:
