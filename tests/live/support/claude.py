@@ -207,15 +207,20 @@ class Netns:
 
 
 class Mock:
-    """Our mock Messages API, running inside the namespace; steered over its control socket."""
+    """Our mock Messages API, running inside the namespace; steered over its control socket.
+    (The Codex rig's mock Responses API is the same process shape with another script.)"""
+
+    script: Path = MOCK_SCRIPT
+    stem = "mock"
+    label = "mock API"
 
     def __init__(self, netns: Netns, root: Path) -> None:
-        self.log_path = root / "mock.jsonl"
-        self.control_path = root / "mock.sock"
-        self.stderr_path = root / "mock.err"
+        self.log_path = root / f"{self.stem}.jsonl"
+        self.control_path = root / f"{self.stem}.sock"
+        self.stderr_path = root / f"{self.stem}.err"
         with self.stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(
-                netns.argv(sys.executable, str(MOCK_SCRIPT), "--log", str(self.log_path),
+                netns.argv(sys.executable, str(self.script), "--log", str(self.log_path),
                            "--control", str(self.control_path)),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                 preexec_fn=_die_with_parent)
@@ -223,7 +228,8 @@ class Mock:
         line = self.proc.stdout.readline().decode().split()
         if len(line) != 2 or line[0] != "PORT":
             self.close()
-            raise LiveError(f"mock API did not start: {self.stderr_path.read_text()[-2000:]}")
+            raise LiveError(f"{self.label} did not start: "
+                            f"{self.stderr_path.read_text()[-2000:]}")
         self.port = int(line[1])
         self.control = MockControl(str(self.control_path))
         wait_for(self.control.ping, 10, what="mock control socket")

@@ -49,6 +49,7 @@ from tests.live.support.claude import (
     SYSTEM_PATH,
     Entry,
     LiveError,
+    Mock,
     Netns,
     _die_with_parent,
     alive,
@@ -57,7 +58,6 @@ from tests.live.support.claude import (
     kill_all,
     wait_for,
 )
-from tests.live.support.mock_api import MockControl, read_log
 from tests.live.support.mock_responses import input_items, item_text
 
 if TYPE_CHECKING:
@@ -96,53 +96,17 @@ def _toml(value: Any) -> str:
 # -- the mock Responses API ------------------------------------------------------------------
 
 
-class ResponsesMock:
+class ResponsesMock(Mock):
     """Our mock Responses API, running inside the namespace; steered over its control socket."""
 
-    def __init__(self, netns: Netns, root: Path) -> None:
-        self.log_path = root / "responses.jsonl"
-        self.control_path = root / "responses.sock"
-        self.stderr_path = root / "responses.err"
-        with self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(
-                netns.argv(sys.executable, str(MOCK_SCRIPT), "--log", str(self.log_path),
-                           "--control", str(self.control_path)),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                preexec_fn=_die_with_parent)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "PORT":
-            self.close()
-            raise LiveError(f"mock Responses API did not start: "
-                            f"{self.stderr_path.read_text()[-2000:]}")
-        self.port = int(line[1])
-        self.control = MockControl(str(self.control_path))
-        wait_for(self.control.ping, 10, what="mock control socket")
+    script = MOCK_SCRIPT
+    stem = "responses"
+    label = "mock Responses API"
 
     @property
     def base_url(self) -> str:
         """What Codex's provider ``base_url`` is: it appends ``/responses``."""
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def entries(self) -> list[Entry]:
-        return read_log(str(self.log_path))
-
-    def add_rules(self, *rules: dict[str, Any]) -> None:
-        self.control.add_rules(*rules)
-
-    def open_gate(self, name: str) -> None:
-        self.control.open_gate(name)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 # -- helpers on logged requests ---------------------------------------------------------------
