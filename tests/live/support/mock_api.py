@@ -119,6 +119,10 @@ class MockState:
         with self.lock:
             return self.gates.setdefault(name, threading.Event())
 
+    def check_rule(self, rule: dict[str, Any]) -> str | None:
+        """Why ``rule`` cannot be served (a mock with stricter rules overrides this)."""
+        return None
+
     def expect_followup(self, tool_use_id: str, rule: dict[str, Any]) -> None:
         with self.lock:
             rule.setdefault("id", "then-" + uuid.uuid4().hex[:8])
@@ -353,8 +357,9 @@ class Handler(BaseHTTPRequestHandler):
 class MockHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, state: MockState) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, state: MockState,
+                 handler: type[BaseHTTPRequestHandler] | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), handler or Handler)
         self.state = state
 
 
@@ -389,6 +394,10 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
             rules = request.get("rules")
             if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
                 return {"ok": False, "error": "rules must be a list of objects"}
+            for rule in rules:
+                why = self.state.check_rule(rule)
+                if why is not None:
+                    return {"ok": False, "error": why}
             return {"ok": True, "pending": self.state.add_rules(rules)}
         if op == "clear_rules":
             with self.state.lock:
@@ -408,13 +417,15 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
         return {"ok": False, "error": f"unknown op {op!r}"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, *, state_type: type[MockState] = MockState,
+         handler: type[BaseHTTPRequestHandler] | None = None, doc: str | None = None) -> int:
+    """Serve the mock (HTTP on 127.0.0.1) and its control socket; print ``PORT <n>``."""
+    parser = argparse.ArgumentParser(description=(doc or __doc__ or "").split("\n\n")[0])
     parser.add_argument("--log", required=True)
     parser.add_argument("--control", required=True)
     args = parser.parse_args(argv)
-    state = MockState(args.log)
-    http = MockHTTPServer(state)
+    state = state_type(args.log)
+    http = MockHTTPServer(state, handler)
     control = ControlServer(args.control, state)
     threading.Thread(target=control.serve_forever, daemon=True).start()
     print(f"PORT {http.server_address[1]}", flush=True)

@@ -49,55 +49,37 @@ thread"}``; other side requests get ``MOCK-OK`` too.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
-import os
 import re
-import socketserver
 import sys
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script inside the namespace: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.live.support.mock_api import (
+    MockHTTPServer,
+    MockState,
+    _fill,
+    _with_captures,
+)
+from tests.live.support.mock_api import main as serve
 
 DEFAULT_TEXT = "MOCK-OK"
 TITLE = "Mock thread"
 
 
-class MockState:
+class ResponsesState(MockState):
     """Rules, follow-ups keyed by call_id, gates and the request log (thread-safe)."""
 
-    def __init__(self, log_path: str) -> None:
-        self.lock = threading.Lock()
-        self.rules: list[dict[str, Any]] = []
-        self.followups: dict[str, dict[str, Any]] = {}
-        self.gates: dict[str, threading.Event] = {}
-        self.log_path = log_path
-        self.seq = 0
-        with open(log_path, "a", encoding="utf-8"):
-            pass
-
-    def record(self, entry: dict[str, Any]) -> None:
-        with self.lock:
-            self.seq += 1
-            entry["seq"] = self.seq
-            line = json.dumps(entry, ensure_ascii=False) + "\n"
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-
-    def add_rules(self, rules: list[dict[str, Any]]) -> int:
-        with self.lock:
-            for rule in rules:
-                rule.setdefault("id", "rule-" + uuid.uuid4().hex[:8])
-                self.rules.append(rule)
-            return len(self.rules)
-
-    def pick(self, body: dict[str, Any], thread: str | None) -> dict[str, Any] | None:
+    def pick(self, body: dict[str, Any], session: str | None) -> dict[str, Any] | None:
         """The follow-up owed to a function_call_output this request carries, else (for a
-        request ending with a user message) the first matching rule."""
+        request ending with a user message) the first matching rule. ``session`` is the
+        request's thread id."""
         items = input_items(body)
         main = is_turn_request(body)
         with self.lock:
@@ -109,7 +91,7 @@ class MockState:
             if not ends_with_user(items):
                 return None
             for rule in self.rules:
-                if not _applies(rule, body, thread, main):
+                if not _applies(rule, body, session, main):
                     continue
                 found = _captures(rule, body)
                 if found is None:
@@ -119,14 +101,10 @@ class MockState:
                 return _with_captures(rule, found)
         return None
 
-    def gate(self, name: str) -> threading.Event:
-        with self.lock:
-            return self.gates.setdefault(name, threading.Event())
-
-    def expect_followup(self, call_id: str, rule: dict[str, Any]) -> None:
-        with self.lock:
-            rule.setdefault("id", "then-" + uuid.uuid4().hex[:8])
-            self.followups[call_id] = rule
+    def check_rule(self, rule: dict[str, Any]) -> str | None:
+        if not (rule.get("text") or rule.get("function_call")):
+            return f"rule without text or function_call: {rule}"
+        return None
 
 
 # -- reading a request -----------------------------------------------------------------------
@@ -212,23 +190,8 @@ def _captures(rule: dict[str, Any], body: dict[str, Any]) -> dict[str, str] | No
     return out
 
 
-def _with_captures(rule: dict[str, Any], found: dict[str, str]) -> dict[str, Any]:
-    inherited = rule.get("_captures") or {}
-    if not found and not inherited:
-        return rule
-    return dict(rule, _captures={**inherited, **found})
 
 
-def _fill(value: Any, captures: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        for name, captured in captures.items():
-            value = value.replace("{{" + name + "}}", captured)
-        return value
-    if isinstance(value, list):
-        return [_fill(v, captures) for v in value]
-    if isinstance(value, dict):
-        return {k: _fill(v, captures) for k, v in value.items()}
-    return value
 
 
 def output_items(rule: dict[str, Any] | None, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -367,87 +330,8 @@ class Handler(BaseHTTPRequestHandler):
                       "total_tokens": 15}}})
 
 
-class MockHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, state: MockState) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.state = state
-
-
-# -- control socket --------------------------------------------------------------------------
-
-
-class ControlHandler(socketserver.StreamRequestHandler):
-    server: ControlServer
-
-    def handle(self) -> None:
-        line = self.rfile.readline(1 << 20)
-        try:
-            request = json.loads(line)
-            reply = self.server.dispatch(request)
-        except Exception as exc:  # a bad request must not kill the control loop
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        self.wfile.write(json.dumps(reply).encode() + b"\n")
-
-
-class ControlServer(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-
-    def __init__(self, path: str, state: MockState) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        super().__init__(path, ControlHandler)
-        os.chmod(path, 0o600)
-        self.state = state
-
-    def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
-        op = request.get("op")
-        if op == "ping":
-            return {"ok": True}
-        if op == "add_rules":
-            rules = request.get("rules")
-            if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
-                return {"ok": False, "error": "rules must be a list of objects"}
-            for rule in rules:
-                if not (rule.get("text") or rule.get("function_call")):
-                    return {"ok": False, "error": f"rule without text or function_call: {rule}"}
-            return {"ok": True, "pending": self.state.add_rules(rules)}
-        if op == "clear_rules":
-            with self.state.lock:
-                self.state.rules.clear()
-                self.state.followups.clear()
-            return {"ok": True}
-        if op == "open_gate":
-            name = request.get("name")
-            if not isinstance(name, str) or not name:
-                return {"ok": False, "error": "open_gate needs a name"}
-            self.state.gate(name).set()
-            return {"ok": True}
-        if op == "rules":
-            with self.state.lock:
-                return {"ok": True, "rules": list(self.state.rules),
-                        "followups": dict(self.state.followups)}
-        return {"ok": False, "error": f"unknown op {op!r}"}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--log", required=True)
-    parser.add_argument("--control", required=True)
-    args = parser.parse_args(argv)
-    state = MockState(args.log)
-    http = MockHTTPServer(state)
-    control = ControlServer(args.control, state)
-    threading.Thread(target=control.serve_forever, daemon=True).start()
-    print(f"PORT {http.server_address[1]}", flush=True)
-    try:
-        http.serve_forever()
-    finally:
-        control.server_close()
-        with contextlib.suppress(OSError):
-            os.unlink(args.control)
-    return 0
+    return serve(argv, state_type=ResponsesState, handler=Handler, doc=__doc__)
 
 
 if __name__ == "__main__":
