@@ -40,3 +40,27 @@ def test_frames_are_forgotten_oldest_first(monkeypatch: pytest.MonkeyPatch) -> N
         assert tracker.on_control(frame("m4"), 10, "other-start") == []
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("bad", [
+    {},
+    {"action": "peer_message_status"},
+    {"action": "peer_message_status", "status": 7, "orig_msg_id": "m"},
+    {"action": "peer_message_status", "status": "exploded", "orig_msg_id": "m"},
+    {"action": "peer_message_status", "status": "dropped", "orig_msg_id": ["m"]},
+    {"action": "peer_message_status", "status": "dropped", "dropped_msg_ids": "m"},
+    {"action": "peer_message_status", "status": "dropped", "dropped_msg_ids": [None, 3, {}]},
+    {"action": "rename", "name": "x", "orig_msg_id": "m"},
+])
+def test_malformed_control_frames_are_ignored(bad: dict[str, object]) -> None:
+    """Bad input from the socket: ignored, and the frame's expectation is still there."""
+    tracker = Tracker()
+
+    async def run() -> None:
+        tracker.expect("m", "id-m", 10, "s")
+        assert await tracker.wait("m", 0) is None
+        assert tracker.on_control(bad, 10, "s") == []
+        got = tracker.on_control(frame("m", "held"), 10, "s")
+        assert [(r.message_id, r.status) for r in got] == [("id-m", "held")]
+
+    asyncio.run(run())

@@ -128,3 +128,25 @@ def test_the_plugin_skill_is_the_packaged_skill() -> None:
     for tool in ("list_agents", "send_message", "ask", "reply", "receive_message", "claim",
                  "release"):
         assert f"`{tool}`" in text
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    (".claude.json", "{torn"),
+    (".claude.json", "[1, 2]"),
+    (".codex/config.toml", "[mcp_servers\nbroken = "),
+])
+def test_a_config_we_cannot_read_is_an_error_and_nothing_is_written(
+        tmp_path: Path, env: dict[str, str], name: str, content: str) -> None:
+    home = Path(env["HOME"])
+    (home / ".codex").mkdir(parents=True)
+    (home / name).write_text(content)
+    err = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stderr(err):
+        code = run_install(tmp_path / "state", env=env, out=io.StringIO())
+    assert code == 1
+    assert "cannot read" in err.getvalue() or "not a JSON object" in err.getvalue()
+    assert (home / name).read_text() == content
+    assert not (home / ".claude" / "skills").exists()
+    assert not (tmp_path / "state" / "install").exists()
