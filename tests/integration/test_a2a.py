@@ -63,11 +63,6 @@ SUBMITTED = pb.TASK_STATE_SUBMITTED
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def registry(tmp_path: Path) -> Registry:
     return Registry(tmp_path / "state")
 

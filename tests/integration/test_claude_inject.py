@@ -38,11 +38,6 @@ pytestmark = pytest.mark.anyio
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Inbox:
     """Claude-like inbox; ``script`` says what to answer each frame with (default: nothing)."""

@@ -35,11 +35,6 @@ META_LINE = re.compile(r"^\[crosstalk message-id=(\S+) kind=(\w+)", re.M)
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return claude_env(tmp_path)
 

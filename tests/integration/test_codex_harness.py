@@ -26,11 +26,6 @@ SCRIPT = Sender(agent_id=None, ingress=Ingress.UDS)
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def home() -> Path:
     return Path(tempfile.mkdtemp(prefix="ct-cx-", dir="/tmp"))
 

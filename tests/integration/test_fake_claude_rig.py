@@ -40,11 +40,6 @@ Factory = Callable[..., FakeClaude]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return claude_env(tmp_path)
 

@@ -35,11 +35,6 @@ TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "clai
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def world(tmp_path: Path) -> dict[str, str]:
     runtime = tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")
     # Claude's config roots too: list_agents discovers Claude sessions, and the machine's own

@@ -46,11 +46,6 @@ PROMPT_EOF = 3.0
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def sockdir() -> Iterator[Path]:
     with short_dir() as d:
         yield d

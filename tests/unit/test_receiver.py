@@ -62,11 +62,6 @@ STRANGER = Sender(agent_id=None, ingress=Ingress.UDS, peer_pid=9999)  # unverifi
 OUTCOME_STATES = {M.ACCEPTED, M.QUEUED, M.UNREACHABLE, M.UNKNOWN}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # -- helpers -------------------------------------------------------------------------------------
 
 
