@@ -3,7 +3,6 @@ on uvicorn (or in-process ASGI), and the a2a-sdk's own client holding a bearer t
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -162,13 +161,3 @@ async def send(client: Client, ctx: ClientCallContext, message: pb.Message, *,
 
 def meta(task: pb.Task) -> dict[str, Any]:
     return MessageToDict(task.metadata) if task.HasField("metadata") else {}
-
-
-async def eventually(check: Callable[[], bool], *, what: str, limit: float = 10.0) -> None:
-    """Poll a condition (loop turns, not a timing assertion; the limit only bounds a hang)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not check():
-        if loop.time() > end:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.002)

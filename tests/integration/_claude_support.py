@@ -19,9 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -60,15 +58,6 @@ def claude_env(tmp_path: Path) -> dict[str, str]:
     return {**inherited, "CROSSTALK_HOME": str(tmp_path / "state"),
             "XDG_RUNTIME_DIR": str(runtime), "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"),
             "HOME": str(home)}
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``check`` (blocking) until it is true; AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.05)
 
 
 def running(pid: int) -> bool:

@@ -45,7 +45,6 @@ from tests.integration._a2a_support import (
     SECRET_CWD,
     Agent,
     Node,
-    eventually,
     make_node,
     meta,
     register,
@@ -54,6 +53,7 @@ from tests.integration._a2a_support import (
     serving,
     text_message,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

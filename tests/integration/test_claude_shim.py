@@ -27,7 +27,8 @@ from mcp import Client
 
 from crosstalk.core.ids import agent_id_for
 from crosstalk.store.registry import Registry
-from tests.integration._claude_support import FakeClaude, claude_env, running, wait_until
+from tests.integration._claude_support import FakeClaude, claude_env, running
+from tests.support.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +62,7 @@ class Node:
         """Start the shim (as Claude does at session start) and wait for its registration."""
         self.client = await self.stack.enter_async_context(Client(self.fc.server_params()))
         aid = self.agent_id
-        await until(lambda: Registry(Path(self.env["CROSSTALK_HOME"])).live_descriptor(aid)
+        await eventually(lambda: Registry(Path(self.env["CROSSTALK_HOME"])).live_descriptor(aid)
                     is not None, what=f"{self.fc.name} registered")
         return self.client
 
@@ -87,14 +88,6 @@ class Node:
                 for m in [META_LINE.search(c)] if m]
 
 
-async def until(check: Callable[[], bool], *, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await anyio.sleep(0.05)
-
-
 @pytest.fixture
 async def world(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[..., Node]]:
     nodes: list[Node] = []
@@ -112,7 +105,7 @@ async def world(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[.
         if node.fc.alive():
             shims.update(node.fc.kill_shims("KILL"))
         node.fc.stop()
-    wait_until(lambda: not any(running(p) for p in shims), timeout=10)
+    eventually_sync(lambda: not any(running(p) for p in shims), timeout=10)
 
 
 def rows(listed: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -150,7 +143,7 @@ async def test_a_session_that_never_called_a_tool_is_a_full_agent(
 
     answer = await bob.call("reply", message_id=sent["message_id"], text="42")
     assert answer["state"] == "accepted", answer
-    await until(lambda: any("42" in c for c in alice.contents()), what="answer at alice")
+    await eventually(lambda: any("42" in c for c in alice.contents()), what="answer at alice")
     (reply_content,) = alice.contents()
     assert f"in-reply-to={sent['message_id']}" in reply_content
     assert 'from-name="bob"' in reply_content
@@ -262,7 +255,7 @@ async def test_relay_routing_native_reply_bounced_and_reply_reaches_only_its_ask
     out = b.fc.send(address.group(1), "native answer: 42")
     assert out["ok"] is True
     assert out["bytes_back"] == 0
-    await until(lambda: any("was not delivered" in x for x in b.contents()), what="bounce")
+    await eventually(lambda: any("was not delivered" in x for x in b.contents()), what="bounce")
     bounce = next(x for x in b.contents() if "was not delivered" in x)
     assert from_a["message_id"] in bounce
     assert from_c["message_id"] in bounce
@@ -274,12 +267,12 @@ async def test_relay_routing_native_reply_bounced_and_reply_reaches_only_its_ask
     # The reply tool, naming A's message, reaches A and only A.
     done = await b.call("reply", message_id=from_a["message_id"], text="answer for a")
     assert done["state"] == "accepted"
-    await until(lambda: len(a.inbound()) == 1, what="reply at a")
+    await eventually(lambda: len(a.inbound()) == 1, what="reply at a")
     assert "answer for a" in a.contents()[0]
     assert c.inbound() == []
     done = await b.call("reply", message_id=from_c["message_id"], text="answer for c")
     assert done["state"] == "accepted"
-    await until(lambda: len(c.inbound()) == 1, what="reply at c")
+    await eventually(lambda: len(c.inbound()) == 1, what="reply at c")
     assert "answer for a" not in c.contents()[0]
     assert "answer for c" in c.contents()[0]
     assert len(a.inbound()) == 1
@@ -302,7 +295,7 @@ async def test_clear_keeps_the_name_and_retires_the_old_session(
     new_agent = bob.agent_id
     assert new_agent != old_agent
     home = Path(bob.env["CROSSTALK_HOME"])
-    await until(lambda: Registry(home).live_descriptor(new_agent) is not None,
+    await eventually(lambda: Registry(home).live_descriptor(new_agent) is not None,
                 what="the new session registered")
     listed = rows(await alice.call("list_agents"))
     bobs = [r for r in listed.values() if r["name"] == "bob"]
@@ -322,14 +315,14 @@ async def test_clear_keeps_the_name_and_retires_the_old_session(
 
     # /resume of the old session: same agent_id, same journal; its ask is still answerable.
     bob.fc.clear(old_id)
-    await until(lambda: Registry(home).live_descriptor(old_agent) is not None,
+    await eventually(lambda: Registry(home).live_descriptor(old_agent) is not None,
                 what="the old session resumed")
     assert Registry(home).live_descriptor(new_agent) is None
     mailbox = await bob.call("receive_message")
     assert [e["message_id"] for e in mailbox["entries"]] == [asked["message_id"]]
     answered = await bob.call("reply", message_id=asked["message_id"], text="resumed answer")
     assert answered["state"] == "accepted"
-    await until(lambda: any("resumed answer" in c for c in alice.contents()),
+    await eventually(lambda: any("resumed answer" in c for c in alice.contents()),
                 what="the resumed answer at alice")
 
 
@@ -351,7 +344,7 @@ async def test_a_live_holder_forces_the_suffix_and_a_dead_one_yields(
     # its next poll, and a fresh session gets no "live" notice either.
     first.fc.kill_shims("KILL")
     first.fc.stop()
-    await until(lambda: (Registry(home).live_descriptor(second.agent_id) or d2).name == "solo",
+    await eventually(lambda: (Registry(home).live_descriptor(second.agent_id) or d2).name == "solo",
                 what="the fallback moved to the free name")
     third = world("solo")
     await third.connect()
@@ -377,7 +370,7 @@ async def test_rename_moves_the_alias_only(world: Callable[..., Node]) -> None:
 
     bob.fc.rename("robert")
     home = Path(bob.env["CROSSTALK_HOME"])
-    await until(lambda: (Registry(home).live_descriptor(bob.agent_id) or
+    await eventually(lambda: (Registry(home).live_descriptor(bob.agent_id) or
                          Registry(home).live_descriptor(alice.agent_id)).name == "robert",
                 what="the alias moved")
     listed = rows(await alice.call("list_agents"))
@@ -390,17 +383,17 @@ async def test_rename_moves_the_alias_only(world: Callable[..., Node]) -> None:
     # A native reply to the pre-rename address still reaches the shim and is bounced.
     out = bob.fc.send(address.group(1), "native after rename")
     assert out["ok"] is True
-    await until(lambda: any("was not delivered" in c for c in bob.contents()), what="bounce")
+    await eventually(lambda: any("was not delivered" in c for c in bob.contents()), what="bounce")
     # The reply tool for the pre-rename message still routes.
     done = await bob.call("reply", message_id=asked["message_id"], text="from robert")
     assert done["state"] == "accepted"
-    await until(lambda: any("from robert" in c for c in alice.contents()), what="reply")
+    await eventually(lambda: any("from robert" in c for c in alice.contents()), what="reply")
     assert 'from-name="robert"' in next(c for c in alice.contents() if "from robert" in c)
 
     # Disconnect and reconnect: the same agent_id resumes the same journal.
     before = (await bob.call("receive_message"))["entries"]
     await bob.disconnect()
-    await until(lambda: Registry(home).live_descriptor(bob.agent_id) is None,
+    await eventually(lambda: Registry(home).live_descriptor(bob.agent_id) is None,
                 what="the shim unpublished")
     await bob.connect()
     after = (await bob.call("receive_message"))["entries"]
@@ -423,7 +416,7 @@ async def test_shim_killed_between_injection_and_reply(world: Callable[..., Node
 
     # Kill shim B; Claude B keeps running. A native reply cannot connect.
     b.fc.kill_shims("KILL")
-    await until(lambda: not b.fc.shims(), what="shim B gone")
+    await eventually(lambda: not b.fc.shims(), what="shim B gone")
     with contextlib.suppress(Exception):
         await b.disconnect()
     out = b.fc.send(address.group(1), "native while the shim is down")
@@ -433,12 +426,12 @@ async def test_shim_killed_between_injection_and_reply(world: Callable[..., Node
     await b.connect()
     out = b.fc.send(address.group(1), "native after the reconnect")
     assert out["ok"] is True
-    await until(lambda: any("was not delivered" in c for c in b.contents()), what="bounce")
+    await eventually(lambda: any("was not delivered" in c for c in b.contents()), what="bounce")
     assert asked["message_id"] in next(c for c in b.contents() if "was not delivered" in c)
     assert a.inbound() == []
     done = await b.call("reply", message_id=asked["message_id"], text="post-crash answer")
     assert done["state"] == "accepted"
-    await until(lambda: len(a.inbound()) == 1, what="the answer at A")
+    await eventually(lambda: len(a.inbound()) == 1, what="the answer at A")
     await anyio.sleep(0.5)
     assert len(a.inbound()) == 1  # exactly once
 
@@ -483,7 +476,7 @@ async def test_a_shim_whose_claude_died_exits_and_is_not_listed(
     assert b.fc.proc is not None
     b.fc.proc.wait(timeout=10)  # reaped, as its shell would (a zombie still looks alive)
     started = time.monotonic()
-    await until(lambda: not running(shim_pid), what="the orphaned shim exited", timeout=10)
+    await eventually(lambda: not running(shim_pid), what="the orphaned shim exited", timeout=10)
     assert time.monotonic() - started < 2.5
     listed = rows(await a.call("list_agents"))
     assert b.agent_id not in listed

@@ -30,9 +30,9 @@ from tests.integration._claude_support import (
     claude_env,
     parent_pid,
     running,
-    wait_until,
 )
 from tests.integration._uds import LoopThread, short_dir
+from tests.support.waiting import eventually_sync
 
 TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "claim", "release"}
 
@@ -61,7 +61,7 @@ def fake_claude(tmp_path: Path, env: dict[str, str]) -> Iterator[Factory]:
             shims.update(fc.kill_shims("KILL"))
         fc.stop()
         assert not fc.alive()
-    wait_until(lambda: not any(running(p) for p in shims), timeout=10)
+    eventually_sync(lambda: not any(running(p) for p in shims), timeout=10)
 
 
 def frame(content: str, **extra: Any) -> dict[str, Any]:

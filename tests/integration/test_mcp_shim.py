@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from crosstalk.a2a import client as a2a_client
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from crosstalk.store.registry import Registry
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -72,14 +73,6 @@ def inbox(env: dict[str, str], session: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.05)
 
 
 async def test_tools_are_the_contract(world: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import os
 import socket
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,7 @@ from tests.integration._uds import (
     short_dir,
     user,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -81,12 +82,6 @@ async def send_a(node: Node, frame: bytes, token: str | None = None) -> dict[str
     got = acks(raw)
     assert len(got) == 1, raw
     return got[0]
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 def assert_untouched(node: Node) -> None:
@@ -399,7 +394,7 @@ async def test_connect_and_close_probes_are_harmless(
         assert raw == b""
         assert secs < PROMPT_EOF
         assert (await send_a(node, user("after probes")))["state"] == "accepted"
-        await until(lambda: node.ingress.connections == 0)
+        await eventually(lambda: node.ingress.connections == 0)
     assert [r for r in caplog.records if r.name.startswith("crosstalk")] == []
     assert [r["state"] for r in node.records()] == ["submitted", "dispatching", "accepted"]
 
@@ -444,14 +439,14 @@ async def test_connections_beyond_the_limit_are_closed(home: Path, sockdir: Path
     node = make_node(home, sockdir / "r.sock", max_connections=2)
     async with serving(node):
         held = [await asyncio.open_unix_connection(os.fspath(node.path)) for _ in range(2)]
-        await until(lambda: node.ingress.connections == 2)
+        await eventually(lambda: node.ingress.connections == 2)
         raw, secs = await exchange(node.path, auth(node.token()) + user("third"),
                                    half_close=False)
         assert raw == b""
         assert secs < PROMPT_EOF
         for _, w in held:
             w.close()
-        await until(lambda: node.ingress.connections == 0)
+        await eventually(lambda: node.ingress.connections == 0)
         assert (await send_a(node, user("room again")))["state"] == "accepted"
         assert node.harness.texts() == ["room again"]
 
