@@ -35,7 +35,7 @@ from tests.integration._a2a_support import (
     serving,
     text_message,
 )
-from tests.unit.test_journal import FaultyOps
+from tests.support.faulty_ops import FaultyOps
 
 pytestmark = pytest.mark.anyio
 

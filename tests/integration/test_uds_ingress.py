@@ -38,6 +38,7 @@ from tests.integration._uds import (
     short_dir,
     user,
 )
+from tests.support.faulty_ops import FaultyOps
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -358,17 +359,7 @@ async def test_control_frames_are_never_injected(node: Node) -> None:
 
 
 async def test_receiver_failure_is_reported_as_an_error_ack(home: Path, sockdir: Path) -> None:
-    class FailingFsync:
-        def write(self, fd: int, data: bytes) -> int:
-            return os.write(fd, data)
-
-        def fsync(self, fd: int) -> None:
-            raise OSError(5, "Input/output error")
-
-        def ftruncate(self, fd: int, size: int) -> None:
-            os.ftruncate(fd, size)
-
-    node = make_node(home, sockdir / "r.sock", ops=FailingFsync())
+    node = make_node(home, sockdir / "r.sock", ops=FaultyOps(fsync_broken=True))
     async with serving(node):
         mid = new_message_id()
         ack = await send_a(node, user("lost?", message_id=mid))

@@ -26,12 +26,12 @@ from crosstalk.store.journal import (
     Journal,
     JournalError,
     JournalWriteError,
-    OsFileOps,
     RecordTooLarge,
     decode_line,
     encode_line,
     read_journal,
 )
+from tests.support.faulty_ops import FaultyOps
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -83,63 +83,6 @@ def write_five(path: Path, clock: Callable[[], float] | None = None) -> list[dic
     """Five records of different lengths, with multi-byte UTF-8 so cuts split characters."""
     with Journal(path, clock=clock or Clock()) as j:
         return [j.append({"n": i, "text": "é☃" * i + "x" * (5 * i)}) for i in range(5)]
-
-
-class FaultyOps:
-    """``FileOps`` that counts calls and fails chosen ones (1-based call numbers).
-
-    ``max_chunk`` makes every write short (the journal must loop); ``partial`` makes a failing
-    write put half its bytes in the file before raising, like a disk that fills mid-write.
-    ``truncate_broken`` fails every ftruncate until it is cleared.
-    """
-
-    def __init__(
-        self,
-        *,
-        fail_write: Iterable[int] = (),
-        fail_fsync: Iterable[int] = (),
-        err: int = errno.EIO,
-        max_chunk: int | None = None,
-        partial: bool = False,
-        truncate_broken: bool = False,
-    ) -> None:
-        self.inner = OsFileOps()
-        self.fail_write = set(fail_write)
-        self.fail_fsync = set(fail_fsync)
-        self.err = err
-        self.max_chunk = max_chunk
-        self.partial = partial
-        self.truncate_broken = truncate_broken
-        self.writes = 0
-        self.fsyncs = 0
-        self.truncates = 0
-        self.raised = 0
-
-    def _raise(self) -> None:
-        self.raised += 1
-        raise OSError(self.err, os.strerror(self.err))
-
-    def write(self, fd: int, data: bytes) -> int:
-        self.writes += 1
-        if self.max_chunk is not None:
-            data = data[: self.max_chunk]
-        if self.writes in self.fail_write:
-            if self.partial and len(data) > 1:
-                self.inner.write(fd, data[: len(data) // 2])
-            self._raise()
-        return self.inner.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self.fsyncs += 1
-        if self.fsyncs in self.fail_fsync:
-            self._raise()
-        self.inner.fsync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        self.truncates += 1
-        if self.truncate_broken:
-            self._raise()
-        self.inner.ftruncate(fd, size)
 
 
 # -- 1. torn tail at every byte offset --------------------------------------------------------

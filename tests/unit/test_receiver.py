@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,7 +44,8 @@ from crosstalk.receiver import (
     Result,
     message_record,
 )
-from crosstalk.store.journal import Journal, JournalError, OsFileOps, read_journal
+from crosstalk.store.journal import Journal, JournalError, read_journal
+from tests.support.faulty_ops import FaultyOps
 
 M = MessageState
 
@@ -65,36 +64,6 @@ OUTCOME_STATES = {M.ACCEPTED, M.QUEUED, M.UNREACHABLE, M.UNKNOWN}
 # -- helpers -------------------------------------------------------------------------------------
 
 
-class Faults:
-    """``FileOps`` that fails chosen calls: by number, by content, or the next one when armed."""
-
-    def __init__(self) -> None:
-        self.inner = OsFileOps()
-        self.writes = 0
-        self.fsyncs = 0
-        self.fail_write: set[int] = set()
-        self.fail_fsync: set[int] = set()
-        self.fail_if: Callable[[bytes], bool] | None = None
-        self.armed = False  # fail the next write, once
-
-    def write(self, fd: int, data: bytes) -> int:
-        self.writes += 1
-        hit = self.writes in self.fail_write or (self.fail_if is not None and self.fail_if(data))
-        if hit or self.armed:
-            self.armed = False
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return self.inner.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self.fsyncs += 1
-        if self.fsyncs in self.fail_fsync:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        self.inner.fsync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        self.inner.ftruncate(fd, size)
-
-
 class Rig:
     """One agent: a journal file, a fake session and the receiver between them.
 
@@ -104,7 +73,7 @@ class Rig:
     """
 
     def __init__(self, path: Path, *, limits: Limits | None = None,
-                 binding: Binding | None = BINDING, ops: Faults | None = None,
+                 binding: Binding | None = BINDING, ops: FaultyOps | None = None,
                  target: TargetRole | None = None, max_line: int | None = None) -> None:
         self.path = path
         self.fake = FakeHarness()
@@ -114,7 +83,7 @@ class Rig:
         self.journal, self.receiver = self._build(binding, ops, max_line)
         self.now = 1_000.0
 
-    def _build(self, binding: Binding | None, ops: Faults | None,
+    def _build(self, binding: Binding | None, ops: FaultyOps | None,
                max_line: int | None) -> tuple[Journal, Receiver]:
         kwargs: dict[str, Any] = {"ops": ops}
         if max_line is not None:
@@ -126,7 +95,7 @@ class Rig:
                             clock=lambda: self.now)
         return journal, receiver
 
-    def restart(self, *, binding: Binding | None = BINDING, ops: Faults | None = None,
+    def restart(self, *, binding: Binding | None = BINDING, ops: FaultyOps | None = None,
                 limits: Limits | None = None) -> list[Entry]:
         if limits is not None:
             self.limits = limits
@@ -728,7 +697,7 @@ async def test_record_over_the_journal_line_cap_is_rejected_not_unavailable(
 @pytest.mark.parametrize("fail", ["write", "fsync"])
 async def test_failed_submitted_write_is_unavailable(make_rig: Callable[..., Rig],
                                                     fail: str) -> None:
-    faults = Faults()
+    faults = FaultyOps()
     (faults.fail_write if fail == "write" else faults.fail_fsync).add(1)
     rig = make_rig(ops=faults)
     with pytest.raises(ReceiverUnavailable):
@@ -746,7 +715,7 @@ async def test_failed_submitted_write_is_unavailable(make_rig: Callable[..., Rig
 @pytest.mark.parametrize("fail", ["write", "fsync"])
 async def test_failed_dispatch_claim_is_unavailable_and_retry_dispatches(
         make_rig: Callable[..., Rig], fail: str) -> None:
-    faults = Faults()
+    faults = FaultyOps()
     (faults.fail_write if fail == "write" else faults.fail_fsync).add(2)
     rig = make_rig(ops=faults)
     with pytest.raises(ReceiverUnavailable):
@@ -765,7 +734,7 @@ async def test_failed_dispatch_claim_is_unavailable_and_retry_dispatches(
 @pytest.mark.anyio
 async def test_failed_dispatch_claim_then_restart_resumes_once(
         make_rig: Callable[..., Rig]) -> None:
-    faults = Faults()
+    faults = FaultyOps()
     faults.fail_write.add(2)
     rig = make_rig(ops=faults)
     with pytest.raises(ReceiverUnavailable):
@@ -779,7 +748,7 @@ async def test_failed_dispatch_claim_then_restart_resumes_once(
 @pytest.mark.parametrize("fail", ["write", "fsync"])
 async def test_failed_outcome_write_after_harness_write_is_unknown(
         make_rig: Callable[..., Rig], fail: str) -> None:
-    faults = Faults()
+    faults = FaultyOps()
     (faults.fail_write if fail == "write" else faults.fail_fsync).add(3)
     rig = make_rig(ops=faults)
     res = await rig.receiver.receive(msg("m1"))
@@ -798,7 +767,7 @@ async def test_ask_outcome_and_obligation_are_durable_together(
         make_rig: Callable[..., Rig]) -> None:
     # If the open-ask record cannot be written, the result must not be accepted, and the
     # journal must not say accepted either (it would disagree with what the sender was told).
-    faults = Faults()
+    faults = FaultyOps()
     faults.fail_if = lambda data: b'"subject":"ask"' in data
     rig = make_rig(ops=faults)
     res = await rig.receiver.receive(msg("a-1", kind=Kind.ASK))
@@ -815,7 +784,7 @@ async def test_ask_outcome_and_obligation_are_durable_together(
 
 @pytest.mark.anyio
 async def test_failed_rejection_write_is_unavailable(make_rig: Callable[..., Rig]) -> None:
-    faults = Faults()
+    faults = FaultyOps()
     faults.fail_write.add(1)
     rig = make_rig(ops=faults)
     with pytest.raises(ReceiverUnavailable):
@@ -1092,7 +1061,7 @@ class ReceiverMachine(RuleBasedStateMachine):
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
         self.loop = asyncio.new_event_loop()
-        self.faults = Faults()
+        self.faults = FaultyOps()
         self.limits = Limits(max_open_asks=2, max_text_bytes=64)
         self.rig = Rig(Path(self.tmp.name) / "agent.jsonl", limits=self.limits, ops=self.faults)
         self.native_ids = 0
