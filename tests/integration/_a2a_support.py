@@ -24,14 +24,14 @@ from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a.server import A2AServer
 from crosstalk.core.admission import Limits
-from crosstalk.core.ids import agent_id_for, new_instance_id, new_message_id
-from crosstalk.core.naming import name_candidates
+from crosstalk.core.ids import new_instance_id, new_message_id
 from crosstalk.core.policy import TargetRole
 from crosstalk.harness.base import Binding
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.receiver import Receiver
 from crosstalk.store.journal import Journal
-from crosstalk.store.registry import Descriptor, Registration, Registry, own_process_identity
+from crosstalk.store.registry import Registration, Registry
+from tests.support.agents import register_agent
 
 SECRET_CWD = "/work/secret-project-cwd"
 
@@ -51,20 +51,13 @@ class Agent:
         return self.registration.token
 
 
-def register(reg: Registry, name: str, *, harness: str = "codex", role: str = "primary",
-             owner: str | None = None) -> Agent:
-    """acquire → take_name → issue_credential → publish, with this process's identity."""
-    session = f"{name}-{uuid.uuid4().hex[:8]}"
-    agent_id = agent_id_for(harness, session)
-    registration = reg.acquire(agent_id)
-    choice = registration.take_name(name_candidates(harness, SECRET_CWD, agent_id, name))
-    cred = registration.issue_credential()
-    pid, started = own_process_identity()
-    registration.publish(Descriptor(
-        agent_id=agent_id, name=choice.name, harness=harness, session_ref=session,
-        cwd=SECRET_CWD, pid=pid, started_at=started, instance_id=new_instance_id(),
-        credential_ref=str(cred), role=role, owner=owner))
-    return Agent(registration, choice.name)
+def registered_agent(reg: Registry, name: str, *, harness: str = "codex",
+                     role: str = "primary", owner: str | None = None) -> Agent:
+    """An agent registered under ``name`` (or its fallback) in a fresh session of ``harness``."""
+    registration = register_agent(reg, f"{name}-{uuid.uuid4().hex[:8]}", name, harness=harness,
+                                  cwd=SECRET_CWD, role=role, owner=owner)
+    assert registration.name is not None
+    return Agent(registration, registration.name)
 
 
 @dataclass

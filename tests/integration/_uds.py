@@ -28,7 +28,7 @@ from crosstalk.harness.fake import FakeHarness
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Receiver
 from crosstalk.store.journal import FileOps, Journal, read_journal
-from crosstalk.store.registry import Descriptor, Registration, Registry, own_process_identity
+from crosstalk.store.registry import Registration, Registry
 
 CHILD = Path(__file__).resolve().with_name("_uds_child.py")
 T = TypeVar("T")
@@ -42,38 +42,6 @@ def short_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def register(
-    registry: Registry,
-    session: str,
-    name: str,
-    *,
-    harness: str = "claude",
-    uds_path: Path | None = None,
-    pid: int | None = None,
-    started_at: str | None = None,
-    harness_pid: int | None = None,
-    harness_started_at: str | None = None,
-) -> Registration:
-    """Register an agent the way a shim does: agent lock, name lock, credential, descriptor.
-
-    ``pid``/``started_at`` default to this process; a test may publish a child's identity.
-    """
-    agent_id = agent_id_for(harness, session)
-    registration = registry.acquire(agent_id)
-    choice = registration.take_name([name])
-    cred = registration.issue_credential()
-    own_pid, own_started = own_process_identity()
-    registration.publish(Descriptor(
-        agent_id=agent_id, name=choice.name, harness=harness, session_ref=session, cwd="/work",
-        pid=pid if pid is not None else own_pid,
-        started_at=started_at if started_at is not None else own_started,
-        instance_id=new_instance_id(), credential_ref=str(cred),
-        harness_pid=harness_pid, harness_started_at=harness_started_at,
-        uds_path=str(uds_path) if uds_path else None, pid_domain=proc.pid_domain(),
-    ))
-    return registration
 
 
 @dataclass

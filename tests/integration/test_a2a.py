@@ -47,7 +47,7 @@ from tests.integration._a2a_support import (
     Node,
     make_node,
     meta,
-    register,
+    registered_agent,
     sdk_client,
     send,
     serving,
@@ -69,7 +69,7 @@ def registry(tmp_path: Path) -> Registry:
 
 @pytest.fixture
 def agents(registry: Registry) -> Iterator[dict[str, Agent]]:
-    made = {name: register(registry, name) for name in ("alice", "bob", "carol")}
+    made = {name: registered_agent(registry, name) for name in ("alice", "bob", "carol")}
     yield made
     for a in made.values():
         a.registration.close()
@@ -304,7 +304,7 @@ async def test_17h_list_tasks_returns_only_the_callers_tasks(
 @pytest.mark.seed(17)
 async def test_17i_missing_or_wrong_bearer_is_refused(
         bob: Node, agents: dict[str, Agent], registry: Registry) -> None:
-    gone = register(registry, "dave")
+    gone = registered_agent(registry, "dave")
     gone_token = gone.token
     gone.registration.close()  # a token of an agent that is no longer registered
     for token in (None, "not-a-token", agents["bob"].token + "x", gone_token):

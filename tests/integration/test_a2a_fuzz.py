@@ -26,7 +26,7 @@ from crosstalk.core.ids import new_message_id
 from crosstalk.core.states import MessageState
 from crosstalk.store.journal import Journal
 from crosstalk.store.registry import Registry
-from tests.integration._a2a_support import Agent, Node, make_node, register
+from tests.integration._a2a_support import Agent, Node, make_node, registered_agent
 from tests.support.waiting import eventually
 
 METHODS = ["SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
@@ -217,7 +217,7 @@ def _assert_nothing_lost(env: Env) -> None:
 @pytest.fixture
 def parties(tmp_path: Path) -> Iterator[tuple[Registry, Agent, Agent, Agent]]:
     registry = Registry(tmp_path / "state")
-    bob, alice, carol = (register(registry, n) for n in ("bob", "alice", "carol"))
+    bob, alice, carol = (registered_agent(registry, n) for n in ("bob", "alice", "carol"))
     yield registry, bob, alice, carol
     for a in (bob, alice, carol):
         a.registration.close()

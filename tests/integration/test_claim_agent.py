@@ -29,7 +29,7 @@ from crosstalk.store.journal import Journal, read_journal
 from crosstalk.store.registry import Registry
 from tests.integration._a2a_support import (
     make_node,
-    register,
+    registered_agent,
     sdk_client,
     send,
     serving,
@@ -401,8 +401,8 @@ async def card_extensions(url: str) -> list[str]:
 
 
 async def test_control_requests_on_the_wire(reg: Registry, tmp_path: Path) -> None:
-    carol = register(reg, "carol")
-    alice = register(reg, "alice")
+    carol = registered_agent(reg, "carol")
+    alice = registered_agent(reg, "alice")
     node = make_node(reg, carol, tmp_path / "carol.jsonl")
     seen: list[tuple[str | None, str]] = []
 

@@ -37,6 +37,7 @@ from crosstalk.store.registry import (
     own_process_identity,
 )
 from tests.integration._agent_proc import AgentProc
+from tests.support.agents import register_agent
 
 CWD = "/work/proj"
 Spawn = Callable[..., AgentProc]
@@ -121,25 +122,6 @@ def plant(registry: Registry, desc: Descriptor) -> Path:
     path = registry.descriptor_path(desc.agent_id)
     write_atomic(path, desc.to_json())
     return path
-
-
-def register(
-    registry: Registry, regs: list[Registration], session: str, name: str | None = None, *,
-    harness: str = "claude", cwd: str = CWD,
-) -> Registration:
-    """The shim's order (seed §3): agent lock, name lock, credential, then the descriptor."""
-    agent_id = agent_id_for(harness, session)
-    reg = registry.acquire(agent_id)
-    regs.append(reg)
-    choice = reg.take_name(name_candidates(harness, cwd, agent_id, name))
-    cred = reg.issue_credential()
-    pid, started = own_process_identity()
-    reg.publish(Descriptor(
-        agent_id=agent_id, name=choice.name, harness=harness, session_ref=session, cwd=cwd,
-        pid=pid, started_at=started, instance_id=new_instance_id(), credential_ref=str(cred),
-        pid_domain=proc.pid_domain(),
-    ))
-    return reg
 
 
 def lock_is_free(path: Path) -> bool:
@@ -336,7 +318,8 @@ def test_fuzz_mutated_descriptors_only_raise_descriptor_error(
 def test_scan_reports_torn_and_garbage_files_and_keeps_the_good_ones(
     registry: Registry, registrations: list[Registration], dead_process: tuple[int, str]
 ) -> None:
-    good = [register(registry, registrations, f"good-{i}", f"good-{i}") for i in range(2)]
+    good = [register_agent(registry, f"good-{i}", f"good-{i}", cwd=CWD, into=registrations)
+            for i in range(2)]
     torn_desc = make_descriptor("torn", "torn")
     torn_raw = torn_desc.to_json()
     bad_paths: dict[str, Path] = {}
@@ -409,7 +392,7 @@ def test_fuzz_scan_never_raises(raw: bytes, tmp_path: Path) -> None:
 def test_token_only_in_a_private_credential_file(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    reg = register(registry, registrations, "secretive", "secretive")
+    reg = register_agent(registry, "secretive", "secretive", cwd=CWD, into=registrations)
     assert reg.token is not None
     assert reg.descriptor is not None
     token = reg.token
@@ -436,7 +419,7 @@ def test_token_only_in_a_private_credential_file(
 
 
 def test_credential_rotates(registry: Registry, registrations: list[Registration]) -> None:
-    reg = register(registry, registrations, "rotating")
+    reg = register_agent(registry, "rotating", cwd=CWD, into=registrations)
     first = reg.token
     path = reg.issue_credential()
     assert reg.token != first
@@ -549,7 +532,7 @@ def test_sweep_leaves_a_descriptor_republished_by_a_live_owner(
 def test_close_removes_own_descriptor_and_credential_but_keeps_lock_files(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    reg = register(registry, registrations, "closer", "closer")
+    reg = register_agent(registry, "closer", "closer", cwd=CWD, into=registrations)
     agent_lock = registry.agent_lock_path(reg.agent_id)
     name_lock = registry.name_lock_path("closer")
     assert not lock_is_free(agent_lock)
@@ -570,14 +553,14 @@ def test_close_removes_own_descriptor_and_credential_but_keeps_lock_files(
         reg.take_name(["closer"])
     with pytest.raises(RegistryError, match="closed"):
         reg.issue_credential()
-    again = register(registry, registrations, "closer", "closer")
+    again = register_agent(registry, "closer", "closer", cwd=CWD, into=registrations)
     assert again.name == "closer"
 
 
 def test_close_leaves_a_descriptor_written_by_another_instance(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    reg = register(registry, registrations, "shared-session", "mine")
+    reg = register_agent(registry, "shared-session", "mine", cwd=CWD, into=registrations)
     assert reg.descriptor is not None
     newer = replace(reg.descriptor, instance_id=new_instance_id())
     path = plant(registry, newer)  # a later instance of this agent published meanwhile
@@ -591,7 +574,7 @@ def test_close_leaves_a_descriptor_written_by_another_instance(
 def test_close_with_an_unreadable_descriptor_leaves_it(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    reg = register(registry, registrations, "damaged", "damaged")
+    reg = register_agent(registry, "damaged", "damaged", cwd=CWD, into=registrations)
     path = registry.descriptor_path(reg.agent_id)
     path.write_bytes(b'{"torn": ')
     reg.close()
@@ -652,8 +635,8 @@ def test_publish_guards(registry: Registry, registrations: list[Registration]) -
 def test_take_name_falls_back_and_names_the_live_holder(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    first = register(registry, registrations, "first", "builder")
-    second = register(registry, registrations, "second", "builder")
+    first = register_agent(registry, "first", "builder", cwd=CWD, into=registrations)
+    second = register_agent(registry, "second", "builder", cwd=CWD, into=registrations)
     assert first.name == "builder"
     assert second.name == fallback_name("claude", CWD, second.agent_id)
     third_id = agent_id_for("claude", "third")
@@ -667,7 +650,7 @@ def test_take_name_falls_back_and_names_the_live_holder(
 
 
 def test_take_name_no_free_name(registry: Registry, registrations: list[Registration]) -> None:
-    holder = register(registry, registrations, "holder", "only")
+    holder = register_agent(registry, "holder", "only", cwd=CWD, into=registrations)
     assert holder.name == "only"
     reg = registry.acquire(agent_id_for("claude", "loser"))
     registrations.append(reg)
@@ -687,7 +670,7 @@ def test_take_name_no_free_name(registry: Registry, registrations: list[Registra
 def test_rename_moves_the_alias(
     registry: Registry, registrations: list[Registration], spawn: Spawn
 ) -> None:
-    reg = register(registry, registrations, "renamer", "old-name")
+    reg = register_agent(registry, "renamer", "old-name", cwd=CWD, into=registrations)
     assert reg.descriptor is not None
     instance = reg.descriptor.instance_id
     choice = reg.rename(["new-name"])
@@ -716,7 +699,7 @@ def test_rename_holds_the_old_alias_until_the_descriptor_is_rewritten(
     two live descriptors with one name (ambiguous sends, or a message for the newcomer delivered
     to us).
     """
-    reg = register(registry, registrations, "ordered", "before")
+    reg = register_agent(registry, "ordered", "before", cwd=CWD, into=registrations)
     seen: list[tuple[bool, bool]] = []
     real_write = write_atomic
 
@@ -734,8 +717,8 @@ def test_rename_holds_the_old_alias_until_the_descriptor_is_rewritten(
 def test_rename_to_a_held_name_keeps_the_current_one(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    holder = register(registry, registrations, "holder", "wanted")
-    reg = register(registry, registrations, "wanting", "wanted")
+    holder = register_agent(registry, "holder", "wanted", cwd=CWD, into=registrations)
+    reg = register_agent(registry, "wanting", "wanted", cwd=CWD, into=registrations)
     current = reg.name
     assert current is not None
     assert current != "wanted"
@@ -1060,7 +1043,7 @@ def test_sweep_removes_old_temp_files_only(registry: Registry) -> None:
 def test_scan_does_not_hang_on_a_fifo_or_follow_a_symlink(
     registry: Registry, registrations: list[Registration], tmp_path: Path
 ) -> None:
-    good = register(registry, registrations, "fifo-good", "fifo-good")
+    good = register_agent(registry, "fifo-good", "fifo-good", cwd=CWD, into=registrations)
     fifo = registry.agents_dir / f"{agent_id_for('claude', 'fifo')}.json"
     os.mkfifo(fifo)
     target = tmp_path / "elsewhere.json"
@@ -1089,7 +1072,7 @@ def test_unknown_fields_never_override_known_ones() -> None:
 def test_failed_rename_keeps_the_old_alias(
     registry: Registry, registrations: list[Registration], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reg = register(registry, registrations, "ren-fail", "before")
+    reg = register_agent(registry, "ren-fail", "before", cwd=CWD, into=registrations)
 
     def broken(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")

@@ -25,7 +25,8 @@ from crosstalk.config import uds_key_path
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Descriptor, own_process_identity
-from tests.integration._uds import LoopThread, Node, make_node, register, short_dir
+from tests.integration._uds import LoopThread, Node, make_node, short_dir
+from tests.support.agents import register_agent
 
 NAME = "receiver-r"
 
@@ -54,8 +55,8 @@ def env(tmp_path: Path) -> Iterator[Env]:
         session = "receiver-session"
         node = make_node(tmp_path / "state", sockdir / f"{agent_id_for('fake', session)}.sock",
                          session=session)
-        node.registrations.append(register(node.registry, session, NAME, harness="fake",
-                                           uds_path=node.path))
+        node.registrations.append(register_agent(node.registry, session, NAME, harness="fake",
+                                                 uds_path=node.path, exact_name=True))
         assert node.registrations[0].agent_id == node.agent_id
         loop = LoopThread()
         try:
@@ -154,8 +155,8 @@ def test_ambiguous_name_exits_3_and_lists_the_candidates(env: Env) -> None:
 
 def test_missing_key_exits_4_and_creates_no_key(env: Env) -> None:
     path = env.sockdir / "keyless.sock"
-    env.node.registrations.append(register(env.node.registry, "keyless", "keyless",
-                                           uds_path=path))
+    env.node.registrations.append(register_agent(env.node.registry, "keyless", "keyless",
+                                                 uds_path=path, exact_name=True))
     proc = env.run("send", "keyless", "hi")
     assert proc.returncode == 4
     assert "key" in proc.stderr
@@ -164,7 +165,8 @@ def test_missing_key_exits_4_and_creates_no_key(env: Env) -> None:
 
 def test_dead_socket_exits_4(env: Env) -> None:
     path = env.sockdir / "dead.sock"
-    env.node.registrations.append(register(env.node.registry, "dead", "dead", uds_path=path))
+    env.node.registrations.append(register_agent(env.node.registry, "dead", "dead", uds_path=path,
+                                                 exact_name=True))
     write_atomic(uds_key_path(path), b"0123456789abcdef0123456789abcdef\n")
     proc = env.run("send", "dead", "hi")  # no socket file at all
     assert proc.returncode == 4
@@ -180,7 +182,8 @@ def test_dead_socket_exits_4(env: Env) -> None:
 @pytest.mark.parametrize("behaviour", ["close_at_once", "never_answer"])
 def test_no_ack_exits_4(env: Env, behaviour: str) -> None:
     path = env.sockdir / "mute.sock"
-    env.node.registrations.append(register(env.node.registry, "mute", "mute", uds_path=path))
+    env.node.registrations.append(register_agent(env.node.registry, "mute", "mute", uds_path=path,
+                                                 exact_name=True))
     write_atomic(uds_key_path(path), b"0123456789abcdef0123456789abcdef\n")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(os.fspath(path))
@@ -282,8 +285,8 @@ def test_tail_follow_prints_new_records(env: Env) -> None:
 
 def test_broadcast_checks_the_count_first_and_reports_partial_delivery(env: Env) -> None:
     path = env.sockdir / "keyless.sock"
-    env.node.registrations.append(register(env.node.registry, "keyless", "keyless",
-                                           uds_path=path))
+    env.node.registrations.append(register_agent(env.node.registry, "keyless", "keyless",
+                                                 uds_path=path, exact_name=True))
     # A count that does not match: a preview, nothing sent.
     proc = env.run("send", "--to", NAME, "--to", "keyless", "--confirm-count", "3", "hi all")
     assert proc.returncode == 2

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from crosstalk.core.ids import new_message_id
 from crosstalk.ingress.uds import BadFrame, parse_line, user_frame
-from tests.integration._uds import LoopThread, Node, auth, make_node, register, short_dir, user
+from tests.integration._uds import LoopThread, Node, auth, make_node, short_dir, user
+from tests.support.agents import register_agent
 
 TOKEN_MARK = "<<the-real-token>>"
 MAX_LINE = 4096
@@ -47,8 +48,8 @@ def fuzzed(tmp_path: Path) -> Iterator[Fuzzed]:
     with short_dir() as sockdir:
         node = make_node(tmp_path / "state", sockdir / "r.sock", idle_timeout=1.0,
                          max_line=MAX_LINE, close_grace=0.5)
-        node.registrations.append(register(node.registry, "fuzz-sender", "fuzz-sender",
-                                           uds_path=sockdir / "s.sock"))
+        node.registrations.append(register_agent(node.registry, "fuzz-sender", "fuzz-sender",
+                                                 uds_path=sockdir / "s.sock", exact_name=True))
         loop = LoopThread()
         try:
             loop.run(node.ingress.start())

@@ -33,11 +33,11 @@ from tests.integration._uds import (
     exchange,
     line,
     make_node,
-    register,
     serving,
     short_dir,
     user,
 )
+from tests.support.agents import register_agent
 from tests.support.faulty_ops import FaultyOps
 from tests.support.waiting import eventually
 
@@ -492,11 +492,12 @@ async def test_shape_b_from_a_registered_process_is_a_verified_sender(
 
     def publish(pid: int, started: str) -> None:
         if as_field == "pid":  # the process is a shim
-            reg = register(node.registry, "sender-session", "sender-s", pid=pid,
-                           started_at=started, uds_path=sockdir / "s.sock")
+            reg = register_agent(node.registry, "sender-session", "sender-s", pid=pid,
+                                 started_at=started, uds_path=sockdir / "s.sock", exact_name=True)
         else:  # the process is a Claude session whose shim is this test process
-            reg = register(node.registry, "sender-session", "sender-s", harness_pid=pid,
-                           harness_started_at=started, uds_path=sockdir / "s.sock")
+            reg = register_agent(node.registry, "sender-session", "sender-s", harness_pid=pid,
+                                 harness_started_at=started, uds_path=sockdir / "s.sock",
+                                 exact_name=True)
         node.registrations.append(reg)
         senders.append(reg.agent_id)
 
@@ -539,9 +540,9 @@ async def test_shape_b_from_a_pooled_pid_stays_unverified_and_is_closed(
         node: Node, sockdir: Path) -> None:
     def publish(pid: int, started: str) -> None:
         for i in range(2):  # one process serving two agents (a pooled Codex shim)
-            node.registrations.append(register(
+            node.registrations.append(register_agent(
                 node.registry, f"pooled-{i}", f"pooled-{i}", harness="codex", pid=pid,
-                started_at=started, uds_path=sockdir / f"p{i}.sock"))
+                started_at=started, uds_path=sockdir / f"p{i}.sock", exact_name=True))
         assert len(node.registry.live()) == 2  # both live: the pid really is pooled
 
     async with serving(node):
@@ -551,8 +552,8 @@ async def test_shape_b_from_a_pooled_pid_stays_unverified_and_is_closed(
 
 async def test_shape_b_with_a_start_time_mismatch_is_closed(node: Node) -> None:
     def publish(pid: int, started: str) -> None:
-        node.registrations.append(register(
-            node.registry, "reused", "reused", harness_pid=pid,
+        node.registrations.append(register_agent(
+            node.registry, "reused", "reused", harness_pid=pid, exact_name=True,
             harness_started_at=str(int(started) + 1)))  # a recycled pid, not that session
 
     async with serving(node):
@@ -562,8 +563,8 @@ async def test_shape_b_with_a_start_time_mismatch_is_closed(node: Node) -> None:
 
 async def test_shape_a_from_a_registered_process_is_verified(node: Node) -> None:
     def publish(pid: int, started: str) -> None:
-        node.registrations.append(register(node.registry, "cli-agent", "cli-agent", pid=pid,
-                                           started_at=started))
+        node.registrations.append(register_agent(node.registry, "cli-agent", "cli-agent", pid=pid,
+                                                 started_at=started, exact_name=True))
 
     async with serving(node):
         payload = auth(node.token()) + user("verified over a", message_id=new_message_id())
@@ -643,8 +644,8 @@ async def test_shape_b_from_this_process_when_it_is_registered(node: Node,
         raw, _ = await exchange(node.path, user("unregistered"))
         assert raw == b""
         assert node.harness.writes == []
-        node.registrations.append(register(Registry(node.home), "me", "me-agent",
-                                           uds_path=sockdir / "me.sock"))
+        node.registrations.append(register_agent(Registry(node.home), "me", "me-agent",
+                                                 uds_path=sockdir / "me.sock", exact_name=True))
         raw, secs = await exchange(node.path, user("registered"))
         assert raw == b""
         assert secs < PROMPT_EOF
@@ -658,8 +659,8 @@ async def test_shape_b_closes_before_a_slow_injection_finishes(node: Node,
     gate = asyncio.Event()
     node.harness.then(Step(gate=gate))
     async with serving(node):
-        node.registrations.append(register(Registry(node.home), "me", "me-agent",
-                                           uds_path=sockdir / "me.sock"))
+        node.registrations.append(register_agent(Registry(node.home), "me", "me-agent",
+                                                 uds_path=sockdir / "me.sock", exact_name=True))
         raw, secs = await exchange(node.path, user("slow"))
         assert raw == b""
         assert secs < PROMPT_EOF
