@@ -41,7 +41,7 @@ from crosstalk.core.states import AskState, MessageState
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal import Journal
 from crosstalk.store.registry import Registry
-from tests.integration._a2a_support import (
+from tests.support.a2a import (
     SECRET_CWD,
     Agent,
     Node,

@@ -26,7 +26,7 @@ from crosstalk.core.ids import new_message_id
 from crosstalk.core.states import MessageState
 from crosstalk.store.journal import Journal
 from crosstalk.store.registry import Registry
-from tests.integration._a2a_support import Agent, Node, make_node, registered_agent
+from tests.support.a2a import Agent, Node, make_node, registered_agent
 from tests.support.waiting import eventually
 
 METHODS = ["SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",

@@ -17,8 +17,8 @@ from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Descriptor, Registry
-from tests.integration._claude_support import FakeClaude
-from tests.integration._fake_codex import fake_app_server
+from tests.support.claude import FakeClaude
+from tests.support.fakes.codex_app_server import fake_app_server
 
 pytestmark = pytest.mark.anyio
 

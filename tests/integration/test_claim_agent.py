@@ -27,7 +27,7 @@ from crosstalk.core.states import MessageState
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal import Journal, read_journal
 from crosstalk.store.registry import Registry
-from tests.integration._a2a_support import (
+from tests.support.a2a import (
     make_node,
     registered_agent,
     sdk_client,

@@ -33,9 +33,9 @@ from crosstalk.harness.base import Delivery
 from crosstalk.harness.claude import Injector
 from crosstalk.harness.claude.receipts import Tracker
 from crosstalk.harness.claude.registry import ClaudeSession
+from tests.support.uds import UDS_SENDER
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -215,7 +215,7 @@ async def test_a_receipt_from_another_process_is_ignored(world: World) -> None:
     forged = {"type": "control", "action": "peer_message_status", "status": "denied",
               "orig_msg_id": d.message.message_id}
     child = await asyncio.create_subprocess_exec(
-        sys.executable, str(HERE / "_uds_child.py"), stdin=asyncio.subprocess.PIPE,
+        sys.executable, str(UDS_SENDER), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE)
     assert child.stdin is not None
     assert child.stdout is not None

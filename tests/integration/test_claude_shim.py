@@ -27,7 +27,7 @@ from mcp import Client
 
 from crosstalk.core.ids import agent_id_for
 from crosstalk.store.registry import Registry
-from tests.integration._claude_support import FakeClaude, claude_env, running
+from tests.support.claude import FakeClaude, claude_env, running
 from tests.support.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.anyio

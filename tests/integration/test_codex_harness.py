@@ -17,7 +17,7 @@ from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState
 from crosstalk.harness.base import Binding, Delivery
 from crosstalk.harness.codex import CodexHarness, CodexIdentifier, control_socket
-from tests.integration._fake_codex import FakeAppServer, fake_app_server, finish_turn
+from tests.support.fakes.codex_app_server import FakeAppServer, fake_app_server, finish_turn
 
 pytestmark = pytest.mark.anyio
 

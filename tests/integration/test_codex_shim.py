@@ -21,9 +21,9 @@ from mcp.client.stdio import StdioServerParameters
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.store.registry import Registry
-from tests.integration._fake_codex import FakeAppServer, fake_app_server, finish_turn
 from tests.integration.test_claude_shim import Node
 from tests.integration.test_claude_shim import world as world  # noqa: PLC0414 - a fixture
+from tests.support.fakes.codex_app_server import FakeAppServer, fake_app_server, finish_turn
 
 pytestmark = pytest.mark.anyio
 

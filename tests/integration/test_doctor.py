@@ -12,8 +12,8 @@ import pytest
 
 from crosstalk.harness.codex import control_socket
 from crosstalk.store.registry import Descriptor, Registry
-from tests.integration._claude_support import FakeClaude
-from tests.integration._fake_codex import fake_app_server
+from tests.support.claude import FakeClaude
+from tests.support.fakes.codex_app_server import fake_app_server
 
 pytestmark = pytest.mark.anyio
 

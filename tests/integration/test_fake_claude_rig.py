@@ -1,9 +1,9 @@
 """The fake Claude Code session rig itself: real processes, files and sockets.
 
-``_fake_claude.py`` must look like Claude Code 2.1.328 to CrossTalk's own reader (record, key,
-liveness), behave like Claude's inbox (no byte back, close at EOF, session_id check, /clear),
-spawn real shims as its children through ``_claude_launch.py``, and send like Claude's
-SendMessage tool from its own pid.
+``tests/support/fakes/claude_session.py`` must look like Claude Code 2.1.328 to CrossTalk's own
+reader (record, key, liveness), behave like Claude's inbox (no byte back, close at EOF,
+session_id check, /clear), spawn real shims as its children through ``claude_launch.py``, and
+send like Claude's SendMessage tool from its own pid.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from mcp import Client
 
 from crosstalk import proc
 from crosstalk.harness.claude.registry import liveness, read_peer_token, read_record
-from tests.integration._claude_support import (
+from tests.support.claude import (
     FakeClaude,
     claude_env,
     parent_pid,
     running,
 )
-from tests.integration._uds import LoopThread, short_dir
+from tests.support.uds import LoopThread, short_dir
 from tests.support.waiting import eventually_sync
 
 TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "claim", "release"}

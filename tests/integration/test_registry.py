@@ -36,7 +36,7 @@ from crosstalk.store.registry import (
     liveness,
     own_process_identity,
 )
-from tests.integration._agent_proc import AgentProc
+from tests.support.agent_proc import AgentProc
 from tests.support.agents import register_agent
 
 CWD = "/work/proj"

@@ -25,8 +25,8 @@ from crosstalk.config import uds_key_path
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Descriptor, own_process_identity
-from tests.integration._uds import LoopThread, Node, make_node, short_dir
 from tests.support.agents import register_agent
+from tests.support.uds import LoopThread, Node, make_node, short_dir
 
 NAME = "receiver-r"
 

@@ -24,7 +24,9 @@ from crosstalk.harness.fake import Step
 from crosstalk.ingress.uds import IngressError, UdsIngress
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Registry
-from tests.integration._uds import (
+from tests.support.agents import register_agent
+from tests.support.faulty_ops import FaultyOps
+from tests.support.uds import (
     ChildResult,
     Node,
     acks,
@@ -37,8 +39,6 @@ from tests.integration._uds import (
     short_dir,
     user,
 )
-from tests.support.agents import register_agent
-from tests.support.faulty_ops import FaultyOps
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ parent pid (``<configDir>/sessions/<ppid>.json``):
   half-close, drops a connection whose line exceeds 1,048,576 chars or that sends no complete
   line within 30 s, and appends every ``user``/``control`` line it gets to ``--frames``;
 * a control socket (``--ctl``, one JSON line per request and reply) lets a test spawn shims
-  with a launcher's stdio fds (``_claude_launch.py``), ``/clear``, rename, change the status,
+  with a launcher's stdio fds (``claude_launch.py``), ``/clear``, rename, change the status,
   send like Claude's SendMessage tool, list or kill the shims, and exit.
 
 Stdout carries exactly one line, ``{"ready": pid, ...}``, once everything is in place.

@@ -1,9 +1,9 @@
 """Fake Claude Code sessions for integration tests: real processes, real files, real sockets.
 
-:class:`FakeClaude` runs ``_fake_claude.py`` (a stand-in for one Claude Code 2.1.328 session
+:class:`FakeClaude` runs ``fakes/claude_session.py`` (a stand-in for one Claude Code 2.1.328 session
 process: registry record, key file, inbox socket) and drives it over its control socket.
 :meth:`FakeClaude.server_params` is the MCP "server command" for the official client: it runs
-``_claude_launch.py``, which has the fake Claude spawn the real ``crosstalk mcp`` on the
+``fakes/claude_launch.py``, which has the fake Claude spawn the real ``crosstalk mcp`` on the
 launcher's stdio, so the shim's parent pid is the fake session's, as under Claude Code.
 """
 
@@ -28,9 +28,9 @@ from mcp.client.stdio import StdioServerParameters
 
 from crosstalk.config import claude_socket_dir
 
-HERE = Path(__file__).resolve().parent
-FAKE_CLAUDE = HERE / "_fake_claude.py"
-CLAUDE_LAUNCH = HERE / "_claude_launch.py"
+FAKES = Path(__file__).resolve().parent / "fakes"
+FAKE_CLAUDE = FAKES / "claude_session.py"
+CLAUDE_LAUNCH = FAKES / "claude_launch.py"
 READY_TIMEOUT = 20.0
 #: Keep unix socket paths well under sun_path's 108 bytes (Claude refuses > 103).
 MAX_SOCKET_PATH = 100
@@ -190,7 +190,7 @@ class FakeClaude:
     # -- what an MCP client runs ---------------------------------------------------------------
 
     def server_params(self) -> StdioServerParameters:
-        """``python _claude_launch.py <ctl>``: the shim runs as this session's child."""
+        """``python claude_launch.py <ctl>``: the shim runs as this session's child."""
         return StdioServerParameters(command=sys.executable,
                                      args=[str(CLAUDE_LAUNCH), str(self.ctl_path)],
                                      env=dict(self.env))

@@ -1,7 +1,7 @@
 """An MCP stdio "server command" whose real server is spawned by a fake Claude session.
 
-``python _claude_launch.py <ctl socket>`` hands this process's stdin, stdout and stderr to the
-fake Claude (``_fake_claude.py``) with ``{"op":"spawn"}`` (SCM_RIGHTS), so the shim it starts
+``python claude_launch.py <ctl socket>`` hands this process's stdin, stdout and stderr to the
+fake Claude (``claude_session.py``) with ``{"op":"spawn"}`` (SCM_RIGHTS), so the shim it starts
 talks to the MCP client over these very pipes while its parent is the "Claude session". It then
 waits for ``{"exit": rc}`` and exits with that code (1 if the connection closes without it;
 128+N if the shim died of signal N). Only the standard library: it starts fast.
@@ -16,7 +16,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        sys.stderr.write("usage: _claude_launch.py <ctl socket path>\n")
+        sys.stderr.write("usage: claude_launch.py <ctl socket path>\n")
         return 2
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(argv[1])
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
                     rc = int(reply["exit"])
                     return 128 - rc if rc < 0 else rc
                 if "pid" not in reply:
-                    sys.stderr.write(f"_claude_launch: spawn failed: {reply}\n")
+                    sys.stderr.write(f"claude_launch: spawn failed: {reply}\n")
                     return 1
 
 

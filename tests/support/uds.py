@@ -30,7 +30,8 @@ from crosstalk.receiver import Receiver
 from crosstalk.store.journal import FileOps, Journal, read_journal
 from crosstalk.store.registry import Registration, Registry
 
-CHILD = Path(__file__).resolve().with_name("_uds_child.py")
+#: The sender script :func:`child_send` runs.
+UDS_SENDER = Path(__file__).resolve().parent / "fakes" / "uds_sender.py"
 T = TypeVar("T")
 
 
@@ -165,7 +166,7 @@ async def child_send(path: Path, payload: bytes,
     """Start a real process, let ``before_send(pid, start_time)`` publish descriptors for it,
     then have it connect, write ``payload``, half-close and read to EOF."""
     p = await asyncio.create_subprocess_exec(
-        sys.executable, str(CHILD), stdin=asyncio.subprocess.PIPE,
+        sys.executable, str(UDS_SENDER), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE)
     assert p.stdin is not None
     assert p.stdout is not None
