@@ -14,10 +14,10 @@ import pytest
 from mcp import Client
 
 from crosstalk.store.registry import Registry
-from tests.integration.test_mcp_shim import data, inbox, meta, shim, world
+from tests.support.shims import data, inbox, meta, shim, world
 
 pytestmark = [pytest.mark.anyio, pytest.mark.seed(28)]
-__all__ = ["world"]  # a fixture shared with test_mcp_shim
+__all__ = ["world"]  # a fixture
 
 ALICE, BOB, CAROL = meta("a1", "alice"), meta("b1", "bob"), meta("c1", "carol")
 

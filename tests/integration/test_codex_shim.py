@@ -21,8 +21,8 @@ from mcp.client.stdio import StdioServerParameters
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.store.registry import Registry
-from tests.integration.test_claude_shim import Node
-from tests.integration.test_claude_shim import world as world  # noqa: PLC0414 - a fixture
+from tests.support.claude_world import Node
+from tests.support.claude_world import world as world  # noqa: PLC0414 - a fixture
 from tests.support.fakes.codex_app_server import FakeAppServer, fake_app_server, finish_turn
 
 pytestmark = pytest.mark.anyio

@@ -8,15 +8,11 @@ names its thread), and what reaches a session's "model" is appended to
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,53 +22,14 @@ from mcp.client.stdio import StdioServerParameters
 
 from crosstalk.a2a import client as a2a_client
 from crosstalk.core.ids import agent_id_for
-from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from crosstalk.store.registry import Registry
+from tests.support.shims import data, inbox, meta, shim, world
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
+__all__ = ["world"]  # a fixture
 
 TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "claim", "release"}
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> dict[str, str]:
-    runtime = tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")
-    # Claude's config roots too: list_agents discovers Claude sessions, and the machine's own
-    # (~/.claude) must not leak into a test's world.
-    return {**os.environ, "CROSSTALK_HOME": str(tmp_path / "state"),
-            "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"), "HOME": str(tmp_path),
-            "XDG_RUNTIME_DIR": runtime, "CROSSTALK_HARNESS": "fake",
-            "CROSSTALK_FAKE_INBOX": str(tmp_path / "inbox")}
-
-
-def meta(session: str, name: str | None = None) -> dict[str, Any]:
-    m: dict[str, Any] = {FAKE_SESSION_META: session}
-    if name:
-        m[FAKE_NAME_META] = name
-    return m
-
-
-@asynccontextmanager
-async def shim(env: dict[str, str], mode: str = "legacy") -> AsyncIterator[Client]:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "crosstalk", "mcp"],
-                                   env=env)
-    async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
-        yield client
-
-
-def data(result: Any) -> dict[str, Any]:
-    assert result.structured_content is not None
-    parsed = json.loads(result.content[0].text)
-    assert parsed == result.structured_content
-    return dict(result.structured_content)
-
-
-def inbox(env: dict[str, str], session: str) -> list[dict[str, Any]]:
-    path = Path(env["CROSSTALK_FAKE_INBOX"]) / f"{session}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def test_tools_are_the_contract(world: dict[str, str]) -> None:
