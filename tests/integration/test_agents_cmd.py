@@ -16,7 +16,8 @@ from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.store.registry import Descriptor, Registry
+from crosstalk.store.registry import Registry
+from tests.support.agents import plant_dead_agent
 from tests.support.claude import FakeClaude
 from tests.support.fakes.codex_app_server import fake_app_server
 
@@ -57,10 +58,7 @@ async def test_agents_lists_every_session_and_why_one_is_unreachable(
     (config / "999999.json").write_text(json.dumps({  # a crashed session: dead pid
         "pid": 999999, "sessionId": "dead", "procStart": "1", "status": "busy"}))
     (config / f"{plain.pid + 1}.json").write_text('{"pid": 1, "sessionId": ')  # torn
-    stale = Descriptor(agent_id="0" * 16, name="ghost", harness="fake", session_ref="g",
-                       cwd="/", pid=999999, started_at="1", instance_id="i",
-                       credential_ref="/nowhere")
-    (home / "agents" / f"{'0' * 16}.json").write_bytes(stale.to_json())
+    plant_dead_agent(reg)
     try:
         async with fake_app_server(Path(control_socket(env))) as codex:
             thread = codex.add("codex-reviewer", cwd="/w/cx", status="active")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from crosstalk.harness.codex import control_socket
-from crosstalk.store.registry import Descriptor, Registry
+from crosstalk.store.registry import Registry
+from tests.support.agents import plant_dead_agent
 from tests.support.claude import FakeClaude
 from tests.support.fakes.codex_app_server import fake_app_server
 
@@ -45,10 +46,7 @@ async def test_doctor_diagnoses_and_fixes(tmp_path: Path, env: dict[str, str],
                                           sessions: list[FakeClaude]) -> None:
     home = Path(env["CROSSTALK_HOME"])
     reg = Registry(home)
-    stale = Descriptor(agent_id="0" * 16, name="ghost", harness="fake", session_ref="g",
-                       cwd="/", pid=999999, started_at="1", instance_id="i",
-                       credential_ref="/nowhere")
-    reg.descriptor_path(stale.agent_id).write_bytes(stale.to_json())
+    stale = plant_dead_agent(reg)
     (home / "agents" / f"{'1' * 16}.json").write_text('{"agent_id": "1111')  # torn
     home.chmod(0o755)
     mute = FakeClaude(tmp_path, "mute", env=env).start()

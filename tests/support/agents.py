@@ -60,3 +60,13 @@ def register_agent(
         agent_id=agent_id, name=choice.name, harness=harness, session_ref=session, cwd=cwd,
         instance_id=new_instance_id(), credential_ref=str(cred), **described))
     return registration
+
+
+def plant_dead_agent(registry: Registry) -> Descriptor:
+    """The descriptor a crashed agent left behind ("ghost", pid 999999, no lock held), written
+    straight to the registry as the dead process left it; a sweep or doctor must remove it."""
+    stale = Descriptor(agent_id="0" * 16, name="ghost", harness="fake", session_ref="g",
+                       cwd="/", pid=999999, started_at="1", instance_id="i",
+                       credential_ref="/nowhere")
+    registry.descriptor_path(stale.agent_id).write_bytes(stale.to_json())
+    return stale

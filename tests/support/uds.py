@@ -1,4 +1,5 @@
-"""Shared parts for the uds ingress tests: a registered agent, its receiver, clients.
+"""Parts for the uds ingress tests: a receiving agent behind its ingress, clients, a sender
+in another process, and a loop thread for blocking clients.
 
 Everything is real: the registry on disk, the journal with fsync, unix sockets in a short
 directory under /tmp (sun_path is 108 bytes), and child processes for peer credentials.
