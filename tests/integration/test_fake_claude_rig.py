@@ -31,7 +31,8 @@ from tests.support.claude import (
     parent_pid,
     running,
 )
-from tests.support.uds import LoopThread, short_dir
+from tests.support.dirs import short_dir
+from tests.support.uds import LoopThread
 from tests.support.waiting import eventually_sync
 
 TOOLS = {"list_agents", "send_message", "ask", "reply", "receive_message", "claim", "release"}

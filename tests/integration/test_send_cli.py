@@ -26,7 +26,8 @@ from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Descriptor, own_process_identity
 from tests.support.agents import register_agent
-from tests.support.uds import LoopThread, Node, make_node, short_dir
+from tests.support.dirs import short_dir
+from tests.support.uds import LoopThread, Node, make_node
 
 NAME = "receiver-r"
 

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from crosstalk.core.ids import new_message_id
 from crosstalk.ingress.uds import BadFrame, parse_line, user_frame
 from tests.support.agents import register_agent
-from tests.support.uds import LoopThread, Node, auth, make_node, short_dir, user
+from tests.support.dirs import short_dir
+from tests.support.uds import LoopThread, Node, auth, make_node, user
 
 TOKEN_MARK = "<<the-real-token>>"
 MAX_LINE = 4096

@@ -25,6 +25,7 @@ from crosstalk.ingress.uds import IngressError, UdsIngress
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Registry
 from tests.support.agents import register_agent
+from tests.support.dirs import short_dir
 from tests.support.faulty_ops import FaultyOps
 from tests.support.uds import (
     ChildResult,
@@ -36,7 +37,6 @@ from tests.support.uds import (
     line,
     make_node,
     serving,
-    short_dir,
     user,
 )
 from tests.support.waiting import eventually

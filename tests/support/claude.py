@@ -27,6 +27,7 @@ from typing import Any
 from mcp.client.stdio import StdioServerParameters
 
 from crosstalk.config import claude_socket_dir
+from tests.support.dirs import short_tmpdir
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 FAKE_CLAUDE = FAKES / "claude_session.py"
@@ -34,11 +35,6 @@ CLAUDE_LAUNCH = FAKES / "claude_launch.py"
 READY_TIMEOUT = 20.0
 #: Keep unix socket paths well under sun_path's 108 bytes (Claude refuses > 103).
 MAX_SOCKET_PATH = 100
-
-
-def _short_tmpdir(prefix: str) -> Path:
-    """A fresh directory directly under /tmp (pytest's tmp_path is too long for sockets)."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
 def claude_env(tmp_path: Path) -> dict[str, str]:
@@ -49,7 +45,7 @@ def claude_env(tmp_path: Path) -> dict[str, str]:
     ``cc-socks`` and CrossTalk's sockets stay short), ``CLAUDE_CONFIG_DIR=<tmp>/claude`` and
     ``HOME=<tmp>/home``. The runtime directory is removed when the test process exits.
     """
-    runtime = _short_tmpdir("ct-rt-")
+    runtime = short_tmpdir("ct-rt-")
     atexit.register(shutil.rmtree, runtime, ignore_errors=True)
     home = tmp_path / "home"
     home.mkdir(parents=True, exist_ok=True)
@@ -100,7 +96,7 @@ class FakeClaude:
             if env.get("XDG_RUNTIME_DIR") or env.get("CLAUDE_CODE_TMPDIR"):
                 socket_dir = claude_socket_dir(env)
             else:
-                own = _short_tmpdir("ct-cc-")
+                own = short_tmpdir("ct-cc-")
                 self._own_dirs.append(own)
                 socket_dir = own / "cc-socks"
         self.socket_dir = socket_dir
@@ -109,7 +105,7 @@ class FakeClaude:
         self.dir = Path(tempfile.mkdtemp(prefix=f"fc-{name}-", dir=root))
         self.cwd = self.dir / name
         self.frames_path = self.dir / "frames.jsonl"
-        ctl_dir = _short_tmpdir("ct-fc-")
+        ctl_dir = short_tmpdir("ct-fc-")
         self._own_dirs.append(ctl_dir)
         self.ctl_path = ctl_dir / "ctl.sock"
         self.proc: subprocess.Popen[bytes] | None = None

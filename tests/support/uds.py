@@ -11,12 +11,10 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,16 +32,6 @@ from crosstalk.store.registry import Registration, Registry
 #: The sender script :func:`child_send` runs.
 UDS_SENDER = Path(__file__).resolve().parent / "fakes" / "uds_sender.py"
 T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def short_dir() -> Iterator[Path]:
-    """A directory short enough for socket paths (tmp_path is often too long)."""
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="ct-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass
