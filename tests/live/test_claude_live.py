@@ -12,7 +12,6 @@ import json
 import re
 import stat
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import pytest
 
 from tests.live.conftest import Timings
 from tests.live.support.claude import (
-    LiveClaude,
     World,
     is_main,
     last_user_text,
@@ -29,6 +27,7 @@ from tests.live.support.claude import (
     wait_for,
 )
 from tests.live.support.mock_api import message_text
+from tests.live.support.steps import start_all, unique
 
 pytestmark = pytest.mark.live
 
@@ -38,10 +37,6 @@ ENVELOPE = re.compile(
     r' from-mode="(?P<mode>[^"]+)">\n'
     r"\[crosstalk message-id=(?P<id>\S+) kind=(?P<kind>\w+)[^\]\n]*\]\n"
     r"(?P<body>.*?)\n</cross-session-message>", re.S)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
 def result_json(block: dict[str, Any]) -> dict[str, Any]:
@@ -58,14 +53,6 @@ def peer_turn(entry: dict[str, Any], text: str) -> str:
     blocks = [b for b in user_text_blocks(entry) if text in b]
     assert len(blocks) == 1, user_text_blocks(entry)
     return blocks[0]
-
-
-def start_all(*sessions: LiveClaude) -> None:
-    for claude in sessions:
-        claude.start()
-    for claude in sessions:
-        claude.wait_named()  # so the name a test sends to is the one it keeps
-        claude.wait_mcp_connected()
 
 
 def test_registered_at_startup(world: World, timings: Timings) -> None:

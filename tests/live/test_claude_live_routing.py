@@ -34,7 +34,7 @@ from tests.live.support.claude import (
     wait_for,
 )
 from tests.live.support.mock_api import message_text
-from tests.live.test_claude_live import start_all, unique
+from tests.live.support.steps import start_all, unique
 
 pytestmark = pytest.mark.live
 

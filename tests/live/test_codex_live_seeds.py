@@ -32,7 +32,7 @@ from tests.live.support.codex import (
     request_text,
 )
 from tests.live.support.mock_api import message_text
-from tests.live.test_codex_live import model_calls, unique
+from tests.live.support.steps import model_calls, unique
 
 pytestmark = pytest.mark.live
 
