@@ -17,7 +17,7 @@ from typing import IO
 
 import tomlkit
 
-from crosstalk.install import (
+from crosstalk.cli.install import (
     SERVER,
     claude_config_dir,
     claude_config_file,

@@ -33,7 +33,7 @@ from crosstalk.store.files import write_atomic
 SERVER = "crosstalk"
 CODEX_ENV_VARS = ["CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME",
                   "CROSSTALK_HOME"]
-SKILL_SOURCE = Path(__file__).resolve().parent / "skill" / "SKILL.md"
+SKILL_SOURCE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
 
 
 class InstallError(Exception):
