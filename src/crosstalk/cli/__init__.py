@@ -90,7 +90,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
-    from crosstalk.serve import run_mcp
+    from crosstalk.shim.serve import run_mcp
 
     return run_mcp(ppid)
 

@@ -25,7 +25,7 @@ from crosstalk.core.nudge import combine_hint
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.receiver import ReceiverUnavailable
-from crosstalk.shim import Shim
+from crosstalk.shim.roster import Shim
 
 log = logging.getLogger(__name__)
 

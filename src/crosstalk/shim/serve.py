@@ -24,8 +24,8 @@ from crosstalk.harness.base import Identifier
 from crosstalk.harness.claude import ClaudeIdentifier
 from crosstalk.harness.codex import CodexIdentifier
 from crosstalk.harness.fake import FakeIdentifier
-from crosstalk.mcp_tools import Tools, build_server
-from crosstalk.shim import Shim
+from crosstalk.shim.roster import Shim
+from crosstalk.shim.tools import Tools, build_server
 from crosstalk.store.registry import Registry
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The shim: one ``crosstalk mcp`` process, serving one or more agents.
+"""The shim's roster: the agents of the sessions one ``crosstalk mcp`` process serves.
 
 Identity is bound per request (seed §3): each ``tools/call`` is matched to a session by the
 identifiers in trust order, and the agent for ``(harness, session_ref)`` is created lazily and
