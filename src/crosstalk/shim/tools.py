@@ -193,8 +193,8 @@ class Tools:
             if found is None:
                 raise ToolError("unbound", "this call carries no evidence of which session "
                                 "made it; only list_agents is available")
-            identifier, identity = found
-            agent = await self.shim.agent_for(identifier, identity)
+            harness, identity = found
+            agent = await self.shim.agent_for(harness, identity)
             payload = await self._handlers[name](agent, identity, args)
             notice = self.shim.take_notice(identity)
             if notice:

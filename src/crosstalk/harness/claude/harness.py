@@ -128,10 +128,11 @@ class ClaudeIdentifier:
     lookup: Callable[[str], Descriptor | None] | None = None
 
     @classmethod
-    def for_parent(cls, env: Mapping[str, str], ppid: int,
-                   cwd: str | None = None) -> ClaudeIdentifier:
+    def for_parent(cls, env: Mapping[str, str], ppid: int, cwd: str | None = None,
+                   lookup: Callable[[str], Descriptor | None] | None = None
+                   ) -> ClaudeIdentifier:
         return cls([SessionBinding(d, ppid) for d in config_dirs(env)],
-                   cwd=cwd or os.getcwd(), env=dict(env))
+                   cwd=cwd or os.getcwd(), env=dict(env), lookup=lookup)
 
     def current(self) -> ClaudeSession | None:
         """The parent session as its record says now (blocking: stat, and reads on change)."""

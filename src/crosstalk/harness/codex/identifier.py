@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Delivery, Harness, Identity, Outcome, Session
+from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome, Session
 from crosstalk.harness.codex.appserver import (
     AppServer,
     AppServerError,
@@ -43,7 +43,7 @@ class CodexIdentifier:
     recorded_endpoints: Callable[[], list[str]] | None = None
     #: Codex serves several threads per process: a thread is never evidence against another.
     supersession: bool = False
-    harnesses: dict[str, Harness] = field(default_factory=dict)
+    harnesses: dict[str, CodexHarness] = field(default_factory=dict)
 
     def endpoints(self) -> list[str]:
         found = [control_socket(self.env)]
@@ -79,12 +79,19 @@ class CodexIdentifier:
                        cwd=cwd if isinstance(cwd, str) and cwd else identity.cwd)
 
     def harness_for(self, identity: Identity) -> Harness:
-        harness = self.harnesses.get(identity.session_ref)
+        return self._harness(identity.session_ref)
+
+    def _harness(self, thread_id: str) -> CodexHarness:
+        harness = self.harnesses.get(thread_id)
         if harness is None:
-            harness = CodexHarness(identity.session_ref, self.endpoints,
+            harness = CodexHarness(thread_id, self.endpoints,
                                    codex=lambda: find_codex(self.env), env=self.env)
-            self.harnesses[identity.session_ref] = harness
+            self.harnesses[thread_id] = harness
         return harness
+
+    async def reconcile(self, binding: Binding, message_id: str) -> Outcome | None:
+        """:meth:`CodexHarness.reconcile` for the bound thread (harness.base.Reconciler)."""
+        return await self._harness(binding.session_ref).reconcile(binding, message_id)
 
     # -- discovery (harness.base.Discovery) ----------------------------------------------
 
