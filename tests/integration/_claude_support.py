@@ -28,7 +28,7 @@ from typing import Any
 
 from mcp.client.stdio import StdioServerParameters
 
-from crosstalk.config import claude_socket_dir
+from crosstalk.harness.claude.setup import claude_socket_dir
 
 HERE = Path(__file__).resolve().parent
 FAKE_CLAUDE = HERE / "_fake_claude.py"

@@ -65,8 +65,8 @@ def resolve_target(home: Path, to: str, env: Mapping[str, str] | None = None) ->
     if found:
         return found[0]
     # Addresses and sessions without CrossTalk need the harnesses' own registries.
-    from crosstalk.cli.agents import discoveries
     from crosstalk.directory import Directory, Unresolved
+    from crosstalk.harness.loader import discoveries
 
     target = Directory(Registry(home), discoveries(os.environ if env is None else env)
                        ).resolve(to)
