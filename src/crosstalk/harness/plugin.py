@@ -109,6 +109,8 @@ class HarnessPlugin:
     #: Why one of its sessions that its discovery shows unreachable cannot be messaged, for
     #: people (``crosstalk agents``); ``None``: no reason known.
     why_unreachable: Callable[[Session], str | None] = field(default=lambda _s: None)
+    #: What the reasons its injections give mean, for the sending model (``send_message``).
+    hints: Mapping[str, str] = field(default_factory=dict)
     #: Where an agent's uds ingress must live for this harness to accept its address (Claude
     #: vets reply and receipt addresses by directory); ``None``: anywhere.
     socket_dir: Callable[[Mapping[str, str]], Path] | None = None

@@ -25,4 +25,4 @@ def _discovery(env: Mapping[str, str]) -> Discovery:
 plugin = HarnessPlugin(
     name=HARNESS, trust=20, identifier=_identifier, discovery=_discovery,
     install=setup.install_entries, doctor=setup.doctor, why_unreachable=setup.why_unreachable,
-    socket_dir=setup.claude_socket_dir)
+    hints=setup.SEND_HINTS, socket_dir=setup.claude_socket_dir)

@@ -144,5 +144,20 @@ def doctor(env: Mapping[str, str]) -> list[Finding]:
     return [_installed(env), _skill(env), _gate(env), *_sessions(env)]
 
 
+#: What Claude's own refusals (ADR 0008) mean, for the sending model.
+SEND_HINTS = {
+    "permission_mode_parity": (
+        "that Claude session runs in another permission mode (one bypasses permissions, the "
+        "other does not), and Claude delivers a peer's message only between equal modes; "
+        "nothing was delivered. Its user can allow it with crossSessionInbound: accept"),
+    "inbound_refuse_by_setting": (
+        "that Claude session refuses messages from other sessions (crossSessionInbound: "
+        "refuse); nothing was delivered"),
+    "inbound_hold_by_setting": (
+        "that Claude session holds messages from other sessions for its user's approval "
+        "(crossSessionInbound: hold), which CrossTalk cannot ask for; nothing was delivered"),
+}
+
+
 def why_unreachable(session: Session) -> str | None:
     return "its inbox socket is missing (the session runs without messaging?)"
