@@ -1,8 +1,8 @@
 """A bare official-SDK stdio MCP server with one tool: the start-up baseline for bench/shim.py.
 
-It is built the way ``crosstalk.serve`` builds the shim (low-level ``Server``, ``stdio_server``,
-``asyncio.run``) but imports nothing from CrossTalk, so the difference in start-to-first
-``tools/list`` time between the two is what CrossTalk adds over the SDK.
+It is built the way ``crosstalk.shim.serve`` builds the shim (low-level ``Server``,
+``stdio_server``, ``asyncio.run``) but imports nothing from CrossTalk, so the difference in
+start-to-first ``tools/list`` time between the two is what CrossTalk adds over the SDK.
 Run as ``python bench/_bare_mcp_server.py``.
 """
 

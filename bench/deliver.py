@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from crosstalk.agent import Agent, AgentSpec
+from crosstalk.cli.send import frames
 from crosstalk.core.ids import new_message_id
 from crosstalk.harness.base import Binding, Delivery, Outcome
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.send import frames
 from crosstalk.store.registry import Registry
 
 

@@ -5,12 +5,11 @@ The package is layered the way h11 and hypercorn are: ``crosstalk.core`` is pure
 questions about processes and sockets, and everything that speaks a wire protocol sits on top.
 """
 
+from crosstalk._version import __version__
 from crosstalk.core.ids import agent_id_for, new_message_id
 from crosstalk.core.naming import fallback_name, name_candidates
 from crosstalk.store.journal import Journal, JournalError, Replay
 from crosstalk.store.registry import Descriptor, Registration, Registry
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Descriptor",

@@ -45,6 +45,7 @@ from crosstalk.harness.base import (
     Harness,
     Outcome,
     Receipt,
+    Reconciler,
     Session,
 )
 from crosstalk.ingress.uds import UdsIngress
@@ -88,7 +89,8 @@ class Agent:
     def __init__(self, registry: Registry, spec: AgentSpec, *, limits: Limits | None = None,
                  env: dict[str, str] | None = None, clock: Callable[[], float] = time.time,
                  idle_timeout: float = 30.0,
-                 control_sinks: Sequence[ControlSink] = ()) -> None:
+                 control_sinks: Sequence[ControlSink] = (),
+                 reconciler: Reconciler | None = None) -> None:
         self.registry = registry
         self.spec = spec
         self.limits = limits or Limits()
@@ -109,6 +111,8 @@ class Agent:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Harnesses that read control frames (receipts) arriving at this agent's uds ingress.
         self.control_sinks = list(control_sinks)
+        #: Finds evidence that an ambiguous injection reached the session (Codex), if any.
+        self.reconciler = reconciler
         self._native_sends: set[str] = set()
 
     @property
@@ -484,9 +488,9 @@ class Agent:
     async def _reconcile_unknown(self) -> None:
         """Settle ambiguous dispatches of this conversation, only on the harness's positive
         evidence (seed test 20); without it they stay unknown and are never resent."""
-        reconcile = getattr(self.spec.harness, "reconcile", None)
+        reconciler = self.reconciler
         receiver = self.receiver
-        if reconcile is None or receiver is None or receiver.binding is None:
+        if reconciler is None or receiver is None or receiver.binding is None:
             return
         binding = receiver.binding
         for entry in list(receiver.entries.values()):
@@ -494,7 +498,7 @@ class Agent:
                     entry.binding):
                 continue
             try:
-                found = await reconcile(binding, entry.message_id)
+                found = await reconciler.reconcile(binding, entry.message_id)
             except Exception:
                 log.exception("agent %s: reconciling %s failed", self.agent_id,
                               entry.message_id)

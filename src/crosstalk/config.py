@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 #: The largest journal line (record plus framing) a reader accepts. The writer refuses anything
@@ -59,37 +58,34 @@ def uds_key_path(uds_path: Path) -> Path:
 #: can wait ~55 s for a token, and a dropped frame is resent after 31 s (ADR 0007).
 DELIVERY_TIMEOUT = 150.0
 
-#: Claude Code refuses socket paths longer than this (sun_path with room to spare).
+#: The longest path an agent's socket takes in a harness's socket directory (sun_path is 108
+#: bytes; a harness may refuse less: Claude Code takes at most 103).
 MAX_SOCKET_PATH = 103
 
 
-def claude_socket_dir(env: dict[str, str] | None = None) -> Path:
-    """The directory Claude Code binds its inboxes in: ``<runtime dir>/cc-socks``.
-
-    Claude uses ``$XDG_RUNTIME_DIR``, else ``$CLAUDE_CODE_TMPDIR``, else the OS temp dir.
-    """
-    env = dict(os.environ) if env is None else env
-    base = env.get("XDG_RUNTIME_DIR") or env.get("CLAUDE_CODE_TMPDIR") or tempfile.gettempdir()
-    return Path(base) / "cc-socks"
-
-
 def uds_path_for(home: Path, agent_id: str, env: dict[str, str] | None = None) -> Path:
-    """Where an agent's uds ingress lives: ``<cc-socks>/<agent_id>.sock`` when usable.
+    """Where an agent's uds ingress lives: ``<harness socket dir>/<agent_id>.sock`` when usable.
 
-    Beside Claude's own sockets, the address vets for Claude's receipts and native replies (a
-    basename of 1-16 hex digits in a default cc-socks directory, design doc §4.4). The path
-    depends only on agent_id, so a reply address survives a shim restart (seed CQ7). If that
-    directory cannot be made private to us, or the path is too long, the state directory's
-    ``sock/`` is used instead.
+    A harness may accept an address as a reply or receipt address only in its own socket
+    directory (Claude: its cc-socks, design doc §4.4); the harnesses say which through their
+    plugins (:func:`crosstalk.harness.loader.socket_dir`). The path depends only on agent_id,
+    so a reply address survives a shim restart (seed CQ7). If no harness asks for a directory,
+    that directory cannot be made private to us, or the path is too long, the state
+    directory's ``sock/`` is used instead.
     """
-    preferred = claude_socket_dir(env) / f"{agent_id}.sock"
-    if len(os.fsencode(preferred)) <= MAX_SOCKET_PATH:
-        try:
-            ensure_private_dir(preferred.parent)
-        except (OSError, StateDirError):
-            pass
-        else:
-            return preferred
+    # Imported here: every module imports config, and the harness packages import it too.
+    from crosstalk.harness.loader import socket_dir
+
+    wanted = socket_dir(os.environ if env is None else env)
+    if wanted is not None:
+        preferred = wanted / f"{agent_id}.sock"
+        if len(os.fsencode(preferred)) <= MAX_SOCKET_PATH:
+            try:
+                ensure_private_dir(preferred.parent)
+            except (OSError, StateDirError):
+                pass
+            else:
+                return preferred
     return ensure_private_dir(home / "sock") / f"{agent_id}.sock"
 
 

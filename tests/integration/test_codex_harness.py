@@ -15,7 +15,7 @@ import pytest
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery
+from crosstalk.harness.base import Binding, Delivery, Identity
 from crosstalk.harness.codex import CodexHarness, CodexIdentifier, control_socket
 from tests.support.fakes.codex_app_server import FakeAppServer, fake_app_server, finish_turn
 
@@ -170,6 +170,26 @@ async def test_an_ambiguous_turn_start_settles_only_on_evidence(server: FakeAppS
     assert out.state is MessageState.UNKNOWN
     assert await harness(server, t.id).reconcile(binding(t.id), quiet.message.message_id) is None
     assert len(server.inputs) == 2  # nothing was sent twice
+
+
+@pytest.mark.seed(20)
+async def test_the_identifier_reconciles_through_the_threads_harness(
+        server: FakeAppServer, home: Path) -> None:
+    """The shim hands an agent its harness's Reconciler (harness.base): for Codex, the
+    identifier, which asks the thread's own CodexHarness for the evidence."""
+    t = server.add("worker")
+    server.lose_answer.add("turn/start")
+    identifier = CodexIdentifier(env={"CODEX_HOME": str(home)})
+    identifier.harnesses[t.id] = harness(server, t.id)  # its short timeout
+    woke = delivery("did this arrive?")
+    thread = identifier.harness_for(Identity("codex", t.id, "/"))
+    assert thread is identifier.harnesses[t.id]
+    out = await thread.inject(binding(t.id), woke)
+    assert out.state is MessageState.UNKNOWN
+    found = await identifier.reconcile(binding(t.id), woke.message.message_id)
+    assert found is not None
+    assert found.state is MessageState.ACCEPTED
+    assert len(server.inputs) == 1  # nothing was sent twice
 
 
 async def test_a_thread_no_server_has_loaded_goes_to_codex_queue(

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META, FakeIdentifier
-from crosstalk.mcp_tools import TOOL_NAMES, Tools
-from crosstalk.shim import Shim
+from crosstalk.shim.roster import Shim
+from crosstalk.shim.tools import TOOL_NAMES, Tools
 from crosstalk.store.registry import Registry
 
 KNOWN_ERRORS = {"invalid_arguments", "invalid_cursor", "unknown_tool", "unbound",

@@ -26,7 +26,7 @@ from typing import Any
 
 from mcp.client.stdio import StdioServerParameters
 
-from crosstalk.config import claude_socket_dir
+from crosstalk.harness.claude.setup import claude_socket_dir
 from tests.support.dirs import short_tmpdir
 
 FAKES = Path(__file__).resolve().parent / "fakes"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from crosstalk.install import CODEX_ENV_VARS, Installer, run_install
+from crosstalk.cli.install import Installer, run_install
+from crosstalk.harness.codex.setup import CODEX_ENV_VARS
 
 USER_TOML = """# my codex config
 model = "o4"  # keep this comment
@@ -116,7 +117,7 @@ def test_config_dirs_from_the_environment_are_honoured(tmp_path: Path,
 
 def test_the_plugin_skill_is_the_packaged_skill() -> None:
     """``plugins/crosstalk`` (the Claude plugin) and the package install the same skill."""
-    from crosstalk.install import SKILL_SOURCE
+    from crosstalk.harness.claude.setup import SKILL_SOURCE
 
     repo = Path(__file__).resolve().parents[2]
     plugin = repo / "plugins" / "crosstalk"

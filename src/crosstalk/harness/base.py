@@ -1,9 +1,15 @@
 """The one seam between CrossTalk and a harness (like httpx's transports).
 
 Everything harness-specific — how a session is bound, how text gets into it, how a message is
-rendered for its model — sits behind :class:`Harness`. The receiver, the shim and the A2A
-layer see only this module. :mod:`crosstalk.harness.fake` is a first-class implementation used
-by tests, benchmarks and the demo.
+rendered for its model — sits behind :class:`Harness` and :class:`Identifier`. The receiver,
+the shim and the A2A layer see only this module. :mod:`crosstalk.harness.fake` is a
+first-class implementation used by tests, benchmarks and the demo.
+
+What only some harnesses can do is declared here too, one Protocol per capability
+(:class:`Binder`, :class:`ControlReceiver`, :class:`EagerRegistration`, :class:`Supersession`,
+:class:`Reconciler`, :class:`Discovery`). They are checked once, when an identifier is loaded
+(:meth:`LoadedHarness.of`); the shim and the agent use the typed fields of that record and
+never probe an object for a method.
 """
 
 from __future__ import annotations
@@ -177,3 +183,82 @@ class Receipt:
 #: A control frame that reached an agent's uds ingress, with the peer's pid and start time:
 #: returns the receipts in it that nobody was waiting for (the agent applies them).
 ControlSink = Callable[[Mapping[str, Any], int | None, str | None], list[Receipt]]
+
+
+# -- optional capabilities of an identifier (checked once, by LoadedHarness.of) ---------------
+
+
+@runtime_checkable
+class Binder(Protocol):
+    """Gathers harness evidence once, before a session's agent registers (Codex: the thread's
+    host app-server and its name there). Identity by ``session_ref`` is unchanged."""
+
+    async def bind(self, identity: Identity) -> Identity:
+        ...
+
+
+@runtime_checkable
+class ControlReceiver(Protocol):
+    """Reads control frames that reach an agent's uds ingress (Claude's receipts)."""
+
+    def on_control(self, frame: Mapping[str, Any], peer_pid: int | None,
+                   peer_start: str | None) -> list[Receipt]:
+        """The receipts in ``frame`` that nobody was waiting for (the agent applies them)."""
+        ...
+
+
+@runtime_checkable
+class EagerRegistration(Protocol):
+    """A session evidenced before any call (Claude: the parent's record): when ``eager`` is
+    true the shim registers it at start and on every poll, not on its first call."""
+
+    eager: bool
+
+
+@runtime_checkable
+class Supersession(Protocol):
+    """When ``supersession`` is true one process holds one session at a time (Claude): a new
+    session of that harness in a shim retires the others (``/clear``)."""
+
+    supersession: bool
+
+
+@runtime_checkable
+class Reconciler(Protocol):
+    """Finds positive evidence that an ambiguous injection reached its session (Codex: a turn
+    carrying the message-id, seed test 20); ``None`` is no evidence either way."""
+
+    async def reconcile(self, binding: Binding, message_id: str) -> Outcome | None:
+        ...
+
+
+@dataclass(frozen=True)
+class LoadedHarness:
+    """An identifier with each optional capability checked once, as the shim and agent use it.
+
+    A capability the identifier lacks is ``None`` (or ``False``); nobody probes the identifier
+    afterwards."""
+
+    identifier: Identifier
+    binder: Binder | None = None
+    control: ControlReceiver | None = None
+    reconciler: Reconciler | None = None
+    discovery: Discovery | None = None
+    eager: bool = False
+    supersession: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.identifier.name
+
+    @classmethod
+    def of(cls, identifier: Identifier) -> LoadedHarness:
+        return cls(
+            identifier,
+            binder=identifier if isinstance(identifier, Binder) else None,
+            control=identifier if isinstance(identifier, ControlReceiver) else None,
+            reconciler=identifier if isinstance(identifier, Reconciler) else None,
+            discovery=identifier if isinstance(identifier, Discovery) else None,
+            eager=isinstance(identifier, EagerRegistration) and bool(identifier.eager),
+            supersession=(isinstance(identifier, Supersession)
+                          and bool(identifier.supersession)))

@@ -14,10 +14,12 @@ import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Harness, Identity, Outcome
+from crosstalk.harness.base import Binding, Delivery, Harness, Identifier, Identity, Outcome
+from crosstalk.harness.plugin import HarnessPlugin, ShimContext
 
 
 @dataclass
@@ -138,3 +140,22 @@ class FakeIdentifier:
                  else FakeHarness(name=self.name))
             self.harnesses[identity.session_ref] = h
         return h
+
+
+def _identifier(ctx: ShimContext) -> Identifier | None:
+    """Only with ``CROSSTALK_HARNESS=fake`` (tests, the demo): fake sessions named in
+    ``_meta``, whose injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``."""
+    if ctx.env.get("CROSSTALK_HARNESS", "") != "fake":
+        return None
+    inbox = ctx.env.get("CROSSTALK_FAKE_INBOX") or None
+    if inbox:
+        from crosstalk.config import ensure_private_dir
+
+        ensure_private_dir(Path(inbox))
+    return FakeIdentifier(cwd=ctx.cwd, inbox_dir=inbox)
+
+
+#: Registered like any harness (``crosstalk.harness.fake:plugin``) so that tests and the demo
+#: go through the one loading path; inert unless the environment asks for it. Last in trust
+#: order: its evidence is a ``_meta`` key any client can set.
+plugin = HarnessPlugin(name="fake", trust=90, identifier=_identifier)

@@ -1,7 +1,9 @@
-"""The ``crosstalk`` command line.
+"""The ``crosstalk`` command line: the parser, and one module per subcommand beside it.
 
-Subcommands that belong to capabilities not built yet say so and exit 2, so a script can tell
-"not available" from success; ``demo`` already shows the durable core that is built.
+Each subcommand's module is imported only when that subcommand runs (``crosstalk mcp``
+start-up is measured). Subcommands that belong to capabilities not built yet say so and exit
+2, so a script can tell "not available" from success; ``demo`` already shows the durable
+core that is built.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from crosstalk import __version__
+from crosstalk._version import __version__
 from crosstalk.config import DELIVERY_TIMEOUT
 
 EXIT_USAGE = 2
@@ -81,43 +83,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from crosstalk.demo import run_demo
+    from crosstalk.cli.demo import run_demo
 
     return run_demo(keep=args.keep)
 
 
 def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
-    from crosstalk.serve import run_mcp
+    from crosstalk.shim.serve import run_mcp
 
     return run_mcp(ppid)
 
 
 def _install(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.install import run_install
     from crosstalk.config import state_dir
-    from crosstalk.install import run_install
 
     return run_install(state_dir(), uninstall=args.command == "uninstall",
                        dry_run=args.dry_run)
 
 
 def _doctor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.doctor import run_doctor
     from crosstalk.config import state_dir
-    from crosstalk.doctor import run_doctor
 
     return run_doctor(state_dir(), fix=args.fix)
 
 
 def _agents(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from crosstalk.agents_cmd import run_agents
+    from crosstalk.cli.agents import run_agents
     from crosstalk.config import state_dir
 
     return run_agents(state_dir(), as_json=args.json)
 
 
 def _send(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.send import run_broadcast, run_send
     from crosstalk.config import state_dir
-    from crosstalk.send import run_broadcast, run_send
 
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
@@ -136,8 +138,8 @@ def _send(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _tail(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.tail import run_tail
     from crosstalk.config import state_dir
-    from crosstalk.send import run_tail
 
     return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
 

@@ -1,16 +1,14 @@
-"""``crosstalk install`` / ``uninstall``: register ``crosstalk mcp`` with Claude Code and Codex.
+"""``crosstalk install`` / ``uninstall``: register ``crosstalk mcp`` with every harness.
 
-Claude Code: a user-scope MCP server, the top-level ``mcpServers.crosstalk`` of its global
-config (``$CLAUDE_CONFIG_DIR/.claude.json``, else ``~/.claude.json``), plus the CrossTalk skill
-under ``<config dir>/skills/crosstalk/``. Codex: ``[mcp_servers.crosstalk]`` in
-``$CODEX_HOME/config.toml`` (else ``~/.codex/config.toml``), edited with ``tomlkit`` so the
-user's comments and order stay; Codex starts MCP servers with a filtered environment, so the
-entry forwards what CrossTalk needs to find both harnesses and its state (``env_vars``).
+Each harness says what to write through its plugin (:mod:`crosstalk.harness.plugin`): config
+files to register the server in (an edit and its inverse, both pure) and files to place whole
+(Claude's skill). Every registered harness is planned, in name order, configs first; a config
+that cannot be read fails the whole plan and nothing is written.
 
-Exactness: the bytes of each file before the first install are kept in the state directory,
-with a digest of what install wrote. ``uninstall`` restores those bytes when the file is still
-exactly what install wrote; if something else changed it since (Claude rewrites its config all
-the time), only our entry is removed and everything else is left as it is now.
+Exactness: the bytes of each config before the first install are kept in the state
+directory, with a digest of what install wrote. ``uninstall`` restores those bytes when the
+file is still exactly what install wrote; if something else changed it since (Claude rewrites
+its config all the time), only our entry is removed and everything else is left as it is now.
 """
 
 from __future__ import annotations
@@ -20,43 +18,19 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import tomlkit
-
 from crosstalk.config import ensure_private_dir
+from crosstalk.harness.loader import plugins
+from crosstalk.harness.plugin import ConfigEdit, ConfigError, PlacedFile
 from crosstalk.store.files import write_atomic
-
-SERVER = "crosstalk"
-CODEX_ENV_VARS = ["CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME",
-                  "CROSSTALK_HOME"]
-SKILL_SOURCE = Path(__file__).resolve().parent / "skill" / "SKILL.md"
 
 
 class InstallError(Exception):
     pass
-
-
-def _home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("HOME") or str(Path.home()))
-
-
-def claude_config_file(env: Mapping[str, str]) -> Path:
-    configured = env.get("CLAUDE_CONFIG_DIR")
-    return Path(configured) / ".claude.json" if configured else _home(env) / ".claude.json"
-
-
-def claude_config_dir(env: Mapping[str, str]) -> Path:
-    configured = env.get("CLAUDE_CONFIG_DIR")
-    return Path(configured) if configured else _home(env) / ".claude"
-
-
-def codex_config_file(env: Mapping[str, str]) -> Path:
-    configured = env.get("CODEX_HOME")
-    return (Path(configured) if configured else _home(env) / ".codex") / "config.toml"
 
 
 def server_command() -> list[str]:
@@ -66,60 +40,6 @@ def server_command() -> list[str]:
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script), "mcp"]
     return [sys.executable, "-m", "crosstalk", "mcp"]
-
-
-# -- the edits (pure: text in, text out) ---------------------------------------------------------
-
-
-def claude_with(text: str | None, command: list[str]) -> str:
-    data: dict[str, Any] = json.loads(text) if text and text.strip() else {}
-    if not isinstance(data, dict):
-        raise InstallError("the Claude Code config is not a JSON object")
-    servers = data.setdefault("mcpServers", {})
-    if not isinstance(servers, dict):
-        raise InstallError("mcpServers in the Claude Code config is not an object")
-    servers[SERVER] = {"type": "stdio", "command": command[0], "args": command[1:], "env": {}}
-    return _dump_json(data, text)
-
-
-def claude_without(text: str) -> str:
-    data = json.loads(text)
-    servers = data.get("mcpServers") if isinstance(data, dict) else None
-    if isinstance(servers, dict) and SERVER in servers:
-        del servers[SERVER]
-        if not servers:
-            del data["mcpServers"]
-    return _dump_json(data, text)
-
-
-def _dump_json(data: Any, original: str | None) -> str:
-    # JSON.stringify(obj, null, 2), as Claude writes it; keep the original's final newline.
-    out = json.dumps(data, indent=2, ensure_ascii=False)
-    return out + "\n" if original is None or original.endswith("\n") else out
-
-
-def codex_with(text: str | None, command: list[str]) -> str:
-    doc = tomlkit.parse(text or "")
-    servers = doc.get("mcp_servers")
-    if servers is None:
-        servers = tomlkit.table(is_super_table=True)
-        doc["mcp_servers"] = servers
-    entry = tomlkit.table()
-    entry["command"] = command[0]
-    entry["args"] = command[1:]
-    entry["env_vars"] = CODEX_ENV_VARS
-    servers[SERVER] = entry
-    return tomlkit.dumps(doc)
-
-
-def codex_without(text: str) -> str:
-    doc = tomlkit.parse(text)
-    servers = doc.get("mcp_servers")
-    if servers is not None and SERVER in servers:
-        del servers[SERVER]
-        if not servers:
-            del doc["mcp_servers"]
-    return tomlkit.dumps(doc)
 
 
 # -- applying them -------------------------------------------------------------------------------
@@ -157,46 +77,41 @@ class Installer:
     def __init__(self, state: Path, env: Mapping[str, str] | None = None) -> None:
         self.env = dict(os.environ) if env is None else dict(env)
         self.saved = state / "install"
+        entries = [e for p in sorted(plugins(), key=lambda p: p.name)
+                   for e in p.install(self.env)]
+        self.configs = [e for e in entries if isinstance(e, ConfigEdit)]
+        self.files = [e for e in entries if isinstance(e, PlacedFile)]
 
     def targets(self) -> dict[str, Path]:
-        return {"claude": claude_config_file(self.env), "codex": codex_config_file(self.env)}
-
-    def skill_path(self) -> Path:
-        return claude_config_dir(self.env) / "skills" / "crosstalk" / "SKILL.md"
+        """Each harness config install edits, by its record's name."""
+        return {edit.key: edit.path for edit in self.configs}
 
     def plan_install(self, command: list[str] | None = None) -> list[Change]:
         command = command or server_command()
         changes = []
-        for harness, path in self.targets().items():
-            before = _read(path)
-            try:
-                after = (claude_with(before, command) if harness == "claude"
-                         else codex_with(before, command))
-            except (ValueError, tomlkit.exceptions.TOMLKitError) as exc:
-                raise InstallError(f"cannot read {path}: {exc}") from None
-            changes.append(Change(path, before, after))
-        skill = self.skill_path()
-        changes.append(Change(skill, _read(skill), SKILL_SOURCE.read_text(encoding="utf-8")))
+        for edit in self.configs:
+            before = _read(edit.path)
+            after = _edited(edit.path, edit.add, before, command)
+            changes.append(Change(edit.path, before, after))
+        for placed in self.files:
+            changes.append(Change(placed.path, _read(placed.path), placed.content()))
         return changes
 
     def plan_uninstall(self) -> list[Change]:
         changes = []
-        for harness, path in self.targets().items():
-            now = _read(path)
-            record = self._record(harness)
+        for edit in self.configs:
+            now = _read(edit.path)
+            record = self._record(edit.key)
             if now is None:
                 continue
             if record is not None and record.get("wrote") == _digest(now):
                 after = record.get("before")  # untouched since install: the exact old bytes
             else:
-                try:
-                    after = claude_without(now) if harness == "claude" else codex_without(now)
-                except (ValueError, tomlkit.exceptions.TOMLKitError) as exc:
-                    raise InstallError(f"cannot read {path}: {exc}") from None
-            changes.append(Change(path, now, after))
-        skill = self.skill_path()
-        if skill.exists():
-            changes.append(Change(skill, _read(skill), None))
+                after = _edited(edit.path, edit.remove, now)
+            changes.append(Change(edit.path, now, after))
+        for placed in self.files:
+            if placed.path.exists():
+                changes.append(Change(placed.path, _read(placed.path), None))
         return changes
 
     def apply(self, changes: list[Change], *, installing: bool) -> None:
@@ -241,6 +156,16 @@ class Installer:
     def _save(self, harness: str, record: dict[str, Any]) -> None:
         ensure_private_dir(self.saved)
         write_atomic(self.saved / f"{harness}.json", json.dumps(record).encode(), 0o600)
+
+
+def _edited(path: Path, edit: Callable[..., str], *args: Any) -> str:
+    """``edit(*args)``; a config it cannot read is an :class:`InstallError` (nothing written)."""
+    try:
+        return edit(*args)
+    except ConfigError as exc:
+        raise InstallError(str(exc)) from None
+    except ValueError as exc:
+        raise InstallError(f"cannot read {path}: {exc}") from None
 
 
 def _missing_parents(path: Path) -> list[Path]:

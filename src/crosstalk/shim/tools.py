@@ -24,8 +24,9 @@ from crosstalk.core.mailbox import CursorError, build_entries, page
 from crosstalk.core.nudge import combine_hint
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
+from crosstalk.harness.loader import by_name
 from crosstalk.receiver import ReceiverUnavailable
-from crosstalk.shim import Shim
+from crosstalk.shim.roster import Shim
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,8 @@ class Tools:
             if found is None:
                 raise ToolError("unbound", "this call carries no evidence of which session "
                                 "made it; only list_agents is available")
-            identifier, identity = found
-            agent = await self.shim.agent_for(identifier, identity)
+            harness, identity = found
+            agent = await self.shim.agent_for(harness, identity)
             payload = await self._handlers[name](agent, identity, args)
             notice = self.shim.take_notice(identity)
             if notice:
@@ -229,8 +230,8 @@ class Tools:
             return payload  # it reached no peer: nothing to count (seed §4)
         if target.descriptor is None:
             payload["hint"] = _native_hint(target, refused=reason == "native_inform_only")
-        elif res.reason in _SEND_HINTS:
-            payload["hint"] = _SEND_HINTS[res.reason]
+        elif (hint := _send_hint(target.harness, res.reason)) is not None:
+            payload["hint"] = hint
         nudge = self.shim.nudge_counter(identity).record(
             target.peer_key, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
         if nudge is not None:
@@ -329,17 +330,9 @@ class Tools:
         raise ToolError(reason, hint or None, **where)
 
 
+#: Hints for delivery reasons any harness may give; a harness's own reasons are explained by
+#: its plugin (``HarnessPlugin.hints``).
 _SEND_HINTS = {
-    "permission_mode_parity": (
-        "that Claude session runs in another permission mode (one bypasses permissions, the "
-        "other does not), and Claude delivers a peer's message only between equal modes; "
-        "nothing was delivered. Its user can allow it with crossSessionInbound: accept"),
-    "inbound_refuse_by_setting": (
-        "that Claude session refuses messages from other sessions (crossSessionInbound: "
-        "refuse); nothing was delivered"),
-    "inbound_hold_by_setting": (
-        "that Claude session holds messages from other sessions for its user's approval "
-        "(crossSessionInbound: hold), which CrossTalk cannot ask for; nothing was delivered"),
     "held_for_approval": (
         "that session is holding the message for its user's approval: not delivered yet, "
         "and not lost"),
@@ -361,6 +354,14 @@ _CONTROL_HINTS = {
     "unreachable": "the request could not be delivered; nothing changed",
     "unknown": "the request was sent but no answer came; check list_agents",
 }
+
+
+def _send_hint(harness: str, reason: str | None) -> str | None:
+    """What a delivery's reason means for the sending model, if anyone explains it."""
+    if reason is None:
+        return None
+    plugin = by_name(harness)
+    return (plugin.hints.get(reason) if plugin is not None else None) or _SEND_HINTS.get(reason)
 
 
 def _native_hint(target: Entry, *, refused: bool) -> str:

@@ -1,4 +1,4 @@
-"""The shim: one ``crosstalk mcp`` process, serving one or more agents.
+"""The shim's roster: the agents of the sessions one ``crosstalk mcp`` process serves.
 
 Identity is bound per request (seed §3): each ``tools/call`` is matched to a session by the
 identifiers in trust order, and the agent for ``(harness, session_ref)`` is created lazily and
@@ -25,7 +25,7 @@ from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.admission import Limits
 from crosstalk.core.nudge import NudgeCounter
 from crosstalk.directory import Directory
-from crosstalk.harness.base import Discovery, Identifier, Identity
+from crosstalk.harness.base import Identifier, Identity, LoadedHarness
 from crosstalk.store.registry import Registry, RegistryError
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ class Shim:
     def __init__(self, registry: Registry, identifiers: Sequence[Identifier], *,
                  env: dict[str, str] | None = None, limits: Limits | None = None) -> None:
         self.registry = registry
-        self.identifiers = list(identifiers)
+        #: In trust order, each with its optional capabilities checked once, here.
+        self.harnesses = [LoadedHarness.of(i) for i in identifiers]
         self.env = env
         self.limits = limits or Limits()
         self.agents: dict[AgentKey, Agent] = {}
@@ -45,37 +46,40 @@ class Shim:
         self._creating: dict[AgentKey, asyncio.Task[Agent]] = {}
         self._notices: dict[AgentKey, str] = {}
         self._closed = False
-        self.directory = Directory(registry, [i for i in self.identifiers
-                                              if isinstance(i, Discovery)])
+        self.directory = Directory(registry, [h.discovery for h in self.harnesses
+                                              if h.discovery is not None])
+        #: Every harness that reads control frames (receipts) at an agent's uds ingress.
+        self._control_sinks = [h.control.on_control for h in self.harnesses
+                               if h.control is not None]
 
     async def identify(self, meta: Mapping[str, Any] | None
-                       ) -> tuple[Identifier, Identity] | None:
+                       ) -> tuple[LoadedHarness, Identity] | None:
         """The first identifier (trust order) that recognises the request's evidence.
 
         In a worker thread: an identifier may read files (Claude's record, re-read after a
         torn write)."""
         return await asyncio.to_thread(self._identify, meta)
 
-    def _identify(self, meta: Mapping[str, Any] | None) -> tuple[Identifier, Identity] | None:
-        for identifier in self.identifiers:
-            identity = identifier.identify(meta)
+    def _identify(self, meta: Mapping[str, Any] | None
+                  ) -> tuple[LoadedHarness, Identity] | None:
+        for harness in self.harnesses:
+            identity = harness.identifier.identify(meta)
             if identity is not None:
-                return identifier, identity
+                return harness, identity
         return None
 
-    async def agent_for(self, identifier: Identifier, identity: Identity) -> Agent:
+    async def agent_for(self, harness: LoadedHarness, identity: Identity) -> Agent:
         if self._closed:
             raise RuntimeError("shim is shutting down")
         key = (identity.harness, identity.session_ref)
         agent = self.agents.get(key)
         if agent is not None:
             return agent
-        if _one_session(identifier):
+        if harness.supersession:
             await self._retire_others(key)
         task = self._creating.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._create(key, identifier,
-                                                                       identity))
+            task = asyncio.get_running_loop().create_task(self._create(key, harness, identity))
             self._creating[key] = task
 
             def forget(_: asyncio.Task[Agent], k: AgentKey = key) -> None:
@@ -84,20 +88,18 @@ class Shim:
             task.add_done_callback(forget)
         return await asyncio.shield(task)
 
-    async def _create(self, key: AgentKey, identifier: Identifier, identity: Identity) -> Agent:
-        bind = getattr(identifier, "bind", None)
-        if bind is not None:
+    async def _create(self, key: AgentKey, harness: LoadedHarness,
+                      identity: Identity) -> Agent:
+        if harness.binder is not None:
             # Harness evidence gathered once, before registration (Codex: the thread's host
             # app-server and its name there). Identity by session_ref is unchanged.
-            identity = await bind(identity)
-        spec = AgentSpec(harness=identifier.harness_for(identity),
+            identity = await harness.binder.bind(identity)
+        spec = AgentSpec(harness=harness.identifier.harness_for(identity),
                          session_ref=identity.session_ref, cwd=identity.cwd,
                          session_name=identity.session_name, endpoint=identity.endpoint,
                          harness_pid=identity.harness_pid)
-        sinks = [sink for i in self.identifiers
-                 if callable(sink := getattr(i, "on_control", None))]
         agent = Agent(self.registry, spec, limits=self.limits, env=self.env,
-                      control_sinks=sinks)
+                      control_sinks=self._control_sinks, reconciler=harness.reconciler)
         choice = await agent.start()
         self.agents[key] = agent
         self.nudges[key] = NudgeCounter()
@@ -130,13 +132,13 @@ class Shim:
 
         No evidence (a missing or torn record) changes nothing: it is not proof of anything.
         """
-        for identifier in self.identifiers:
-            if not getattr(identifier, "eager", False) or self._closed:
+        for harness in self.harnesses:
+            if not harness.eager or self._closed:
                 continue
-            identity = await asyncio.to_thread(identifier.identify, None)
+            identity = await asyncio.to_thread(harness.identifier.identify, None)
             if identity is None:
                 continue
-            agent = await self.agent_for(identifier, identity)
+            agent = await self.agent_for(harness, identity)
             try:
                 choice = agent.follow_name(identity.session_name)
             except (OSError, RegistryError) as exc:
@@ -164,7 +166,3 @@ class Shim:
         # 400 ms after that, and one agent's listener takes ~0.1 s to stop; one at a time, a
         # busy shim was killed mid-cleanup. (Agent.stop unpublishes and unlinks first.)
         await asyncio.gather(*(agent.stop() for agent in agents), return_exceptions=True)
-
-
-def _one_session(identifier: Identifier) -> bool:
-    return bool(getattr(identifier, "supersession", False))

@@ -13,61 +13,48 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mcp.server.stdio import stdio_server
 
 from crosstalk.config import ensure_private_dir, state_dir
-from crosstalk.harness.base import Identifier
-from crosstalk.harness.claude import ClaudeIdentifier
-from crosstalk.harness.codex import CodexIdentifier
-from crosstalk.harness.fake import FakeIdentifier
-from crosstalk.mcp_tools import Tools, build_server
-from crosstalk.shim import Shim
+from crosstalk.harness.loader import identifiers
+from crosstalk.harness.plugin import ShimContext
+from crosstalk.shim.roster import Shim
+from crosstalk.shim.tools import Tools, build_server
 from crosstalk.store.registry import Registry
 
 log = logging.getLogger(__name__)
 PARENT_POLL_SECONDS = 0.5
 
 
-def identifiers_from_env(env: dict[str, str], ppid: int | None = None) -> list[Identifier]:
-    """The harnesses this shim recognises, in trust order: Codex (``_meta.threadId``) first,
-    then Claude (the parent process's session record; also lists Claude sessions).
-
-    ``CROSSTALK_HARNESS=fake`` adds fake sessions named in ``_meta`` (tests, the demo); their
-    injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``.
-    """
-    chosen = env.get("CROSSTALK_HARNESS", "")
-    found: list[Identifier] = [
-        CodexIdentifier(cwd=os.getcwd(), env=dict(env)),
-        ClaudeIdentifier.for_parent(env, os.getppid() if ppid is None else ppid),
-    ]
-    if chosen == "fake":
-        inbox = env.get("CROSSTALK_FAKE_INBOX") or None
-        if inbox:
-            ensure_private_dir(Path(inbox))
-        found.append(FakeIdentifier(cwd=os.getcwd(), inbox_dir=inbox))
-    return found
+def shim_context(env: dict[str, str], ppid: int, registry: Registry) -> ShimContext:
+    """What the harnesses' identifiers are built from in this process."""
+    return ShimContext(env=env, ppid=ppid, cwd=os.getcwd(),
+                       live_descriptor=registry.live_descriptor,
+                       recorded_endpoints=_RecordedEndpoints(registry))
 
 
 @dataclass
 class _RecordedEndpoints:
-    """App-server endpoints that live Codex agents were bound to (seed CQ10). Cached for a
-    moment: every list_agents and delivery asks, and each answer is a registry scan."""
+    """Harness endpoints that live agents were bound to (Codex's app-servers, seed CQ10), by
+    harness. Cached for a moment: every list_agents and delivery asks, and each answer is a
+    registry scan."""
 
     registry: Registry
     ttl: float = 2.0
     _at: float = float("-inf")
-    _found: list[str] = field(default_factory=list)
+    _found: dict[str, list[str]] = field(default_factory=dict)
 
-    def __call__(self) -> list[str]:
+    def __call__(self, harness: str) -> list[str]:
         now = time.monotonic()
         if now - self._at > self.ttl:
-            self._at, self._found = now, [d.harness_endpoint for d in self.registry.live()
-                                          if d.harness == "codex" and d.harness_endpoint]
-        return list(self._found)
+            found: dict[str, list[str]] = {}
+            for d in self.registry.live():
+                if d.harness_endpoint:
+                    found.setdefault(d.harness, []).append(d.harness_endpoint)
+            self._at, self._found = now, found
+        return list(self._found.get(harness, ()))
 
 
 async def _watch_parent(ppid: int, shim: Shim) -> None:
@@ -81,22 +68,17 @@ async def _watch_parent(ppid: int, shim: Shim) -> None:
     log.info("parent %d is gone; exiting", ppid)
 
 
-async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
-                      ppid: int | None = None) -> None:
+async def serve_stdio(env: dict[str, str], ppid: int | None = None) -> None:
+    """Serve the harnesses registered in the ``crosstalk.harnesses`` group (trust order)."""
+    ppid = os.getppid() if ppid is None else ppid
     registry = Registry(ensure_private_dir(state_dir(env)))
-    for identifier in identifiers:
-        if isinstance(identifier, ClaudeIdentifier):
-            identifier.lookup = registry.live_descriptor  # a sender's session, for parity
-        if isinstance(identifier, CodexIdentifier):
-            identifier.recorded_endpoints = _RecordedEndpoints(registry)
-    shim = Shim(registry, identifiers, env=env)
+    shim = Shim(registry, identifiers(shim_context(env, ppid, registry)), env=env)
     server = build_server(Tools(shim))
     try:
         async with stdio_server() as (read, write):
             serve = asyncio.ensure_future(
                 server.run(read, write, server.create_initialization_options()))
-            watch = asyncio.ensure_future(
-                _watch_parent(os.getppid() if ppid is None else ppid, shim))
+            watch = asyncio.ensure_future(_watch_parent(ppid, shim))
             try:
                 done, _ = await asyncio.wait({serve, watch},
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -119,11 +101,10 @@ async def serve_stdio(identifiers: Sequence[Identifier], env: dict[str, str],
         await shim.close()
 
 
-async def _serve_until_signalled(identifiers: Sequence[Identifier], env: dict[str, str],
-                                 ppid: int | None) -> None:
+async def _serve_until_signalled(env: dict[str, str], ppid: int | None) -> None:
     """SIGTERM/SIGINT cancel the serve task, so the shim's cleanup runs (descriptors removed)."""
     loop = asyncio.get_running_loop()
-    main = asyncio.ensure_future(serve_stdio(identifiers, env, ppid))
+    main = asyncio.ensure_future(serve_stdio(env, ppid))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)
     with contextlib.suppress(asyncio.CancelledError):
@@ -135,5 +116,5 @@ def run_mcp(ppid: int | None = None) -> int:
     env = dict(os.environ)
     logging.basicConfig(level=os.environ.get("CROSSTALK_LOG", "WARNING").upper(),
                         format="crosstalk mcp: %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve_until_signalled(identifiers_from_env(env, ppid), env, ppid))
+    asyncio.run(_serve_until_signalled(env, ppid))
     return 0

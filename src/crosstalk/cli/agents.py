@@ -1,7 +1,7 @@
 """``crosstalk agents``: every session on this machine, as ``list_agents`` sees it, for people.
 
-The same directory the tools use (descriptors merged with Claude's registry and Codex's
-app-servers), plus, for each session that cannot be reached, why not.
+The same directory the tools use (descriptors merged with every harness's own sessions), plus,
+for each session that cannot be reached, why not (as its harness explains it).
 """
 
 from __future__ import annotations
@@ -14,34 +14,23 @@ from pathlib import Path
 from typing import IO, Any
 
 from crosstalk.directory import Directory, Entry
-from crosstalk.harness.base import Discovery
+from crosstalk.harness.loader import by_name, discoveries
 from crosstalk.store.registry import Registry
 
 COLUMNS = ("name", "harness", "status", "crosstalk", "reachable", "agent_id", "cwd")
 
 
-def discoveries(env: Mapping[str, str]) -> list[Discovery]:
-    """Every harness whose sessions can be listed (the shim's list, minus the binding part)."""
-    from crosstalk.harness.claude import ClaudeIdentifier
-    from crosstalk.harness.codex import CodexIdentifier
-
-    return [ClaudeIdentifier([], env=dict(env)), CodexIdentifier(env=dict(env))]
-
-
 def why_unreachable(entry: Entry) -> str | None:
-    """A person-readable reason a session cannot be messaged now, or ``None`` if it can."""
+    """A person-readable reason a session cannot be messaged now, or ``None`` if it can: a
+    CrossTalk agent with no A2A listener, else what the session's harness says."""
     if entry.reachable:
         return None
     session, desc = entry.session, entry.descriptor
-    if session is not None and session.detail == "ambiguous_endpoint":
-        return "loaded on several Codex app-servers: no single host to deliver to"
     if desc is not None and desc.a2a_url is None:
         return "its CrossTalk shim publishes no A2A listener"
-    if session is not None and entry.harness == "claude":
-        return "its inbox socket is missing (the session runs without messaging?)"
-    if session is not None and session.status == "error":
-        return "its Codex thread is in a system error"
-    return "unknown"
+    plugin = by_name(entry.harness) if session is not None else None
+    reason = plugin.why_unreachable(session) if plugin is not None and session else None
+    return reason or "unknown"
 
 
 def rows(home: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
