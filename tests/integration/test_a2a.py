@@ -866,8 +866,8 @@ async def test_stop_leaves_nothing_running(registry: Registry, agents: dict[str,
     assert ask.state == "accepted"
     await node.server.stop()
     assert asyncio.all_tasks() - before == set()
-    assert node.server._timers == {}
-    assert node.server._on_entry not in node.receiver.listeners
+    assert node.server.lane.armed == {}
+    assert node.server.book.on_entry not in node.receiver.listeners
     result = await ct_client.send(url, agents["alice"].token, "anyone?")
     assert (result.state, result.reason) == ("unreachable", "connect_failed")
     node.journal.close()
