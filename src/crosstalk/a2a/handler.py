@@ -77,12 +77,11 @@ class CrossTalkRequestHandler(RequestHandler):
     mandated errors (§3.3.4 capability validation)."""
 
     def __init__(self, receiver: Receiver, book: TaskBook, lane: Lane, *, name: str,
-                 lane_start: Callable[[], None], max_wait_seconds: float = 900.0,
+                 max_wait_seconds: float = 900.0,
                  control_handler: ControlHandler | None = None) -> None:
         self.receiver = receiver
         self.book = book
         self.lane = lane
-        self.lane_start = lane_start
         #: The agent's name (control answers say it); the server follows renames.
         self.name = name
         self.max_wait_seconds = max_wait_seconds
@@ -159,7 +158,6 @@ class CrossTalkRequestHandler(RequestHandler):
     async def send_message(self, params: pb.SendMessageRequest,
                            context: ServerCallContext) -> pb.Task:
         sender = require_sender(context)
-        self.lane_start()
         validate_proto_required_fields(params)
         validate_history_length(params.configuration)
         wait = not params.configuration.return_immediately

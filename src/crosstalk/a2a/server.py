@@ -10,8 +10,9 @@ tasks · store):
 - :mod:`crosstalk.a2a.tasks` — the task book: each task derived from its messages' entries
   (ADR 0004), stored by :mod:`crosstalk.a2a.taskstore`.
 
-Dispatch runs in the agent's ordered lane; the open asks' deadline timers are the lane's too.
-:class:`A2AServer` wires the parts to one receiver.
+Dispatch is not the server's: admitted messages go to the agent's ordered dispatch lane
+(:class:`~crosstalk.a2a.tasks.Lane`, given at construction), which also keeps the open asks'
+deadline timers. :class:`A2AServer` wires the parts to one receiver and that lane.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from starlette.applications import Starlette
 from crosstalk.a2a import asgi
 from crosstalk.a2a.control import ControlHandler
 from crosstalk.a2a.handler import CrossTalkRequestHandler
-from crosstalk.a2a.lane import DispatchLane
-from crosstalk.a2a.tasks import TaskBook
+from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import JournalTaskStore
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
@@ -41,7 +41,8 @@ class A2AServer:
 
     Use inside a running asyncio loop: ``url = await server.start()`` … ``await
     server.stop()``; or mount :meth:`build_app` on any ASGI transport (tests use
-    ``httpx.ASGITransport``). On a restart, call :meth:`restore` before serving.
+    ``httpx.ASGITransport``). On a restart, call :meth:`restore` before serving. The
+    ``lane`` (the agent's) dispatches what the server admits; its owner runs and closes it.
 
     ``limits`` defaults to the receiver's; the counters (waits, pending tasks, open asks) are
     the receiver's :class:`~crosstalk.core.admission.Admission`, shared with every ingress.
@@ -51,9 +52,8 @@ class A2AServer:
     """
 
     def __init__(self, *, receiver: Receiver, registry: Registry, agent_id: str, name: str,
-                 limits: Limits | None = None, description: str | None = None,
+                 lane: Lane, limits: Limits | None = None, description: str | None = None,
                  max_wait_seconds: float = 900.0, expire_asks: bool = True,
-                 dispatch_grace_seconds: float = 2.0,
                  retention_seconds: float = RETENTION_SECONDS,
                  control_handler: ControlHandler | None = None) -> None:
         if agent_id != receiver.agent_id:
@@ -65,13 +65,12 @@ class A2AServer:
         self.description = description or (
             f"CrossTalk agent '{name}': messages sent here arrive inside that coding-agent "
             "session.")
-        self.dispatch_grace_seconds = dispatch_grace_seconds
-        self.lane = DispatchLane(receiver, grace_seconds=dispatch_grace_seconds)
+        self.lane = lane
         self.book = TaskBook(receiver, self.lane, expire_asks=expire_asks,
                              retention_seconds=retention_seconds)
         self.handler = CrossTalkRequestHandler(
-            receiver, self.book, self.lane, name=name, lane_start=self.lane.start,
-            max_wait_seconds=max_wait_seconds, control_handler=control_handler)
+            receiver, self.book, self.lane, name=name, max_wait_seconds=max_wait_seconds,
+            control_handler=control_handler)
         self.tokens = asgi.BearerTokens(registry)
         self.url = "http://127.0.0.1"
         self._listener = asgi.Listener()
@@ -117,25 +116,22 @@ class A2AServer:
             return self.url
         self.handler.start()
         self.book.stopping = False
-        self.lane.reopen()
         if self.book.on_entry not in self.receiver.listeners:
             self.receiver.listeners.append(self.book.on_entry)  # started again after a stop
         self.url = await self._listener.start(self.build_app())
-        self.lane.start()
         return self.url
 
     async def stop(self) -> None:
-        """Stop serving and dispatching; leaves no task of ours running.
+        """Stop serving; leaves no task of ours running.
 
-        Default waits return the task as it stands; the dispatch in flight gets
-        ``dispatch_grace_seconds`` to finish (then it is cancelled, which the receiver journals
-        as ``unknown``); messages still waiting in the lane stay ``submitted`` in the journal
-        and are resumed by :meth:`restore` on the next start (seed R2).
+        Default waits return the task as it stands; requests in flight get uvicorn's graceful
+        second. The lane's owner closes the lane after this (the dispatch in flight gets its
+        grace; messages still waiting stay ``submitted`` and are resumed by :meth:`restore`
+        on the next start, seed R2).
         """
         self.handler.stop()
         self.book.stopping = True
         await self._listener.stop()
-        await self.lane.close(self.dispatch_grace_seconds)
         if self.book.on_entry in self.receiver.listeners:
             self.receiver.listeners.remove(self.book.on_entry)
 

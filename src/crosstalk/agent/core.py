@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +24,9 @@ from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
 from crosstalk.agent import claims, outbound, replies
 from crosstalk.agent.claims import claim_state
+from crosstalk.agent.lane import DispatchLane
 from crosstalk.agent.replies import reply_state
+from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id
@@ -94,7 +96,10 @@ class Agent:
         self.descriptor: Descriptor | None = None
         self.http: httpx.AsyncClient | None = None
         self.reply_states: dict[str, dict[str, Any]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: All the agent's background work: the dispatch lane, the ask clock, recovery.
+        self.group = TaskGroup(f"agent {self.agent_id}")
+        self.lane: DispatchLane | None = None
+        self._recovery: asyncio.Task[None] | None = None
         #: Harnesses that read control frames (receipts) arriving at this agent's uds ingress.
         self.control_sinks = list(control_sinks)
         self.native_sends: set[str] = set()
@@ -137,11 +142,14 @@ class Agent:
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
             resumable = self.receiver.restore(records)
+            self.lane = DispatchLane(self.receiver, self.group)
+            await self.lane.start()
             self.uds = UdsIngress(uds_path, self.receiver, self.registry,
                                   idle_timeout=self.idle_timeout, control=self._on_control)
             await self.uds.start()
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
-                                 agent_id=self.agent_id, name=choice.name, limits=self.limits)
+                                 agent_id=self.agent_id, name=choice.name, lane=self.lane,
+                                 limits=self.limits)
             self._wire_claims(records)
             self.a2a.restore(records, resumable)
             url = await self.a2a.start()
@@ -159,8 +167,7 @@ class Agent:
                 pid_domain=proc.pid_domain(),
             )
             reg.publish(self.descriptor)
-            self._resume_replies()
-            self._spawn(self._reconcile_unknown())
+            self._recovery = self.group.spawn(self._recover(), what="recovery")
         except BaseException:
             await self.stop()
             raise
@@ -192,7 +199,12 @@ class Agent:
         return choice
 
     async def stop(self) -> None:
-        """Unpublish first (nobody new finds us), then close listeners, journal and locks."""
+        """Unpublish first (nobody new finds us), then close listeners, journal and locks.
+
+        The dispatch in flight gets the lane's grace, then is cancelled (journaled
+        ``unknown``); messages waiting in the lane stay ``submitted`` for the next start to
+        restore. Once the agent's task group has closed, nothing the agent started runs.
+        """
         reg, self.registration = self.registration, None
         if reg is not None:
             reg.close()  # removes our descriptor and token only if they are still ours
@@ -200,18 +212,22 @@ class Agent:
             # Socket and key next (the harness may kill us within half a second); the rest
             # of the ingress winds down below.
             self.uds.close_listener()
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        recovery, self._recovery = self._recovery, None
+        if recovery is not None:
+            recovery.cancel()
+            await asyncio.wait({recovery})
         if self.a2a is not None:
             with contextlib.suppress(Exception):
                 await self.a2a.stop()
             self.a2a = None
+        if self.lane is not None:
+            await self.lane.close()
+            self.lane = None
         if self.uds is not None:
             with contextlib.suppress(Exception):
                 await self.uds.stop()
             self.uds = None
+        await self.group.close()
         if self.http is not None:
             await self.http.aclose()
             self.http = None
@@ -312,10 +328,15 @@ class Agent:
         (:func:`crosstalk.agent.reply_states.reply`)."""
         return await replies.reply(self, message_id, text)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _recover(self) -> None:
+        """After a restart: replies a crash left between their stages go on from where they
+        stopped (R5), and ambiguous dispatches are reconciled, side by side."""
+        async with asyncio.TaskGroup() as recovery:
+            for message_id, prior in self.reply_states.items():
+                if prior["state"] == ReplyState.PENDING.value and isinstance(
+                        prior.get("to"), str):
+                    recovery.create_task(replies.resume_reply(self, message_id, prior))
+            recovery.create_task(self._reconcile_unknown())
 
     async def _reconcile_unknown(self) -> None:
         """Settle ambiguous dispatches of this conversation, only on the harness's positive
@@ -342,11 +363,3 @@ class Agent:
                     log.warning("agent %s: reconciled %s not journaled: %s", self.agent_id,
                                 entry.message_id, exc)
 
-    def _resume_replies(self) -> None:
-        """Replies a crash left between their stages go on from where they stopped (R5)."""
-        for message_id, prior in self.reply_states.items():
-            if prior["state"] == ReplyState.PENDING.value and isinstance(prior.get("to"), str):
-                task = asyncio.get_running_loop().create_task(
-                    replies.resume_reply(self, message_id, prior))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
