@@ -51,11 +51,11 @@ def fuzzed(tmp_path: Path) -> Iterator[Fuzzed]:
                                            uds_path=sockdir / "s.sock"))
         loop = LoopThread()
         try:
-            loop.run(node.ingress.start())
+            loop.run(node.start())
             yield Fuzzed(node, loop, node.token())
         finally:
             with contextlib.suppress(Exception):
-                loop.run(node.ingress.stop())
+                loop.run(node.stop())
             # Nothing of the server may outlive stop().
             leftover = loop.pending_tasks()
             loop.close()

@@ -144,7 +144,7 @@ class Agent:
             resumable = self.receiver.restore(records)
             self.lane = DispatchLane(self.receiver, self.group)
             await self.lane.start()
-            self.uds = UdsIngress(uds_path, self.receiver, self.registry,
+            self.uds = UdsIngress(uds_path, self.receiver, self.registry, lane=self.lane,
                                   idle_timeout=self.idle_timeout, control=self._on_control)
             await self.uds.start()
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,

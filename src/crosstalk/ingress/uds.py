@@ -20,7 +20,11 @@ A connection carries one message, in one of two shapes:
     else — no match, or a pooled pid matching several descriptors — is closed with no state:
     nothing journaled, nothing injected. Shape (b) never gets a byte back, on success or on any
     rejection: Claude's sender takes EOF as success and reports a socket still open after 5 s
-    as a failure, so the server closes as soon as the receiver chain returns.
+    as a failure, so the server closes as soon as the frame is journaled ``submitted``.
+
+Dispatch is the agent's: both shapes hand admitted messages to the agent's one ordered
+dispatch lane (:class:`Lane`), which the A2A ingress shares. Shape (a) waits for its
+message's turn and outcome before it acks; shape (b) does not wait at all.
 
 Identity comes only from the transport (peer pid + start time → descriptor); what a frame says
 about itself (``msg_id``, ``from``, ``priority``, ``session_id``, envelope attributes) is kept as
@@ -47,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from crosstalk import proc
 from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, uds_key_path
@@ -84,6 +88,19 @@ _SETTLE_TURNS = 8
 
 #: Receives a control frame with the peer's pid and start time (``None`` if unknown).
 ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
+
+
+class Lane(Protocol):
+    """What the ingress needs from its agent's dispatch lane (one per agent, in order)."""
+
+    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+        """Dispatch ``entry`` in its turn; do not wait."""
+
+    async def dispatch(self, entry: Entry) -> Result:
+        """Dispatch ``entry`` in its turn and return its outcome."""
+
+    async def settle(self) -> None:
+        """Return once everything submitted so far has been dispatched."""
 
 
 class IngressError(RuntimeError):
@@ -262,6 +279,7 @@ class UdsIngress:
         receiver: Receiver,
         registry: Registry,
         *,
+        lane: Lane,
         idle_timeout: float = IDLE_TIMEOUT,
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
@@ -272,6 +290,8 @@ class UdsIngress:
         self.key_path = uds_key_path(self.path)
         self.receiver = receiver
         self.registry = registry
+        #: The agent's dispatch lane: every admitted frame is dispatched there, in order.
+        self.lane = lane
         self.idle_timeout = idle_timeout
         self.max_line = max_line
         self.close_grace = close_grace
@@ -280,8 +300,6 @@ class UdsIngress:
         self.control = control
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[Any], _Conn] = {}
-        #: Dispatches of native frames whose sockets were already closed (see _shape_b).
-        self._dispatches: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -341,7 +359,10 @@ class UdsIngress:
             self._remove_files()
 
     async def stop(self) -> None:
-        """Stop listening, finish or cancel every connection, remove our socket and key."""
+        """Stop listening, finish or cancel every connection, remove our socket and key.
+
+        Dispatches are the lane's: its owner closes it (before this, so a connection waiting
+        for its outcome is released rather than cut off after a second grace)."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -360,23 +381,12 @@ class UdsIngress:
                 quiet += 1
                 await asyncio.sleep(0)
         await server.wait_closed()
-        await self._drain_dispatches()
         self._remove_files()
         log.debug("uds ingress on %s stopped", self.path)
 
     async def settle(self) -> None:
         """Wait until every native frame already admitted has been dispatched."""
-        while self._dispatches:
-            await asyncio.gather(*list(self._dispatches), return_exceptions=True)
-
-    async def _drain_dispatches(self) -> None:
-        if not self._dispatches:
-            return
-        tasks = list(self._dispatches)
-        _, pending = await asyncio.wait(tasks, timeout=self.close_grace)
-        for task in pending:
-            task.cancel()  # journaled unknown by the receiver; never resent
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.lane.settle()
 
     async def _drain_connections(self) -> None:
         tasks = list(self._conns)
@@ -515,10 +525,8 @@ class UdsIngress:
         if isinstance(admitted, Entry):
             # The message is durable (journaled submitted), so EOF may go now: Claude's sender
             # reports a failure if the socket stays open 5 s, and its model would then resend
-            # a frame that dedupe cannot catch. Injection runs in a task the ingress owns.
-            task = asyncio.get_running_loop().create_task(self._dispatch(admitted))
-            self._dispatches.add(task)
-            task.add_done_callback(self._dispatches.discard)
+            # a frame that dedupe cannot catch. Injection follows in the agent's lane.
+            self.lane.submit(admitted)
 
     def _control(self, obj: Mapping[str, Any], peer: _Peer | None) -> None:
         if self.control is None:
@@ -529,20 +537,10 @@ class UdsIngress:
         except Exception:
             log.exception("uds ingress %s: control frame handler failed", self.path)
 
-    async def _dispatch(self, entry: Entry) -> None:
-        try:
-            await self.receiver.dispatch(entry)
-        except ReceiverUnavailable as exc:
-            log.warning("uds ingress %s: %s", self.path, exc)
-        except asyncio.CancelledError:
-            log.debug("uds ingress %s: dispatch cancelled by stop", self.path)
-        except Exception:
-            log.exception("uds ingress %s: dispatch failed", self.path)
-
     async def _receive(self, msg: Message, conn: _Conn) -> Result:
         conn.receiving = True
         try:
-            return await self.receiver.receive(msg)
+            return await self.receiver.receive(msg, dispatch=self.lane.dispatch)
         finally:
             conn.receiving = False
 
