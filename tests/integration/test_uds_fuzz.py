@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crosstalk.core.ids import new_message_id
-from crosstalk.ingress.uds import BadFrame, parse_line, user_frame
+from crosstalk.ingress.claude_wire import BadFrame, parse_line, user_frame
 from tests.integration._uds import LoopThread, Node, auth, make_node, register, short_dir, user
 
 TOKEN_MARK = "<<the-real-token>>"

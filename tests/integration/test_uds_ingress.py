@@ -21,7 +21,7 @@ import pytest
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Kind
 from crosstalk.harness.fake import Step
-from crosstalk.ingress.uds import IngressError, UdsIngress
+from crosstalk.ingress import IngressError, UdsIngress
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Registry
 from tests.integration._uds import (

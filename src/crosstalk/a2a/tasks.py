@@ -74,13 +74,6 @@ class Lane(Protocol):
     def is_armed(self, message_id: str) -> bool: ...
 
 
-@dataclass
-class _Pending:
-    """What the book remembers about a message it admitted (deadline, for the ask timer)."""
-
-    deadline_seconds: int = 0
-
-
 class TaskBook:
     """The tasks of one agent, kept in step with its receiver's entries."""
 
@@ -93,7 +86,8 @@ class TaskBook:
         self.store = JournalTaskStore(receiver.journal, clock=receiver.clock)
         #: Set while the server stops: no new deadline is armed.
         self.stopping = False
-        self._pending: dict[str, _Pending] = {}
+        #: The deadline (seconds) of each admitted message, until its ask opens or it ends.
+        self._pending: dict[str, int] = {}
         self._ask_deadlines: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._dirty: set[str] = set()
@@ -101,7 +95,7 @@ class TaskBook:
 
     def note_pending(self, message_id: str, deadline_seconds: int) -> None:
         """Remember an admitted message's deadline until its ask opens (then it is armed)."""
-        self._pending[message_id] = _Pending(deadline_seconds)
+        self._pending[message_id] = deadline_seconds
 
     def changed(self, task_id: str) -> asyncio.Event:
         """Set at the task's next change (a default wait waits on it)."""
@@ -166,10 +160,9 @@ class TaskBook:
         if task_id is None:
             return
         if entry.ask is AskState.OPEN and entry.message_id not in self._ask_deadlines:
-            pending = self._pending.get(entry.message_id)
-            if pending is not None and pending.deadline_seconds > 0:
-                self._ask_deadlines[entry.message_id] = (
-                    self.receiver.clock() + pending.deadline_seconds)
+            seconds = self._pending.get(entry.message_id, 0)
+            if seconds > 0:
+                self._ask_deadlines[entry.message_id] = self.receiver.clock() + seconds
         if entry.state not in (M.SUBMITTED, M.DISPATCHING) and (
                 entry.ask is not None or entry.kind != Kind.ASK.value
                 or entry.state not in (M.ACCEPTED, M.QUEUED)):
