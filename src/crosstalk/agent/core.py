@@ -5,6 +5,10 @@ agent lock and the name, replay the journal, bind the uds ingress and the A2A li
 then publish the descriptor (temp + rename). Until the descriptor is published nobody can
 find the agent, so nobody can send to a half-built one; :meth:`Agent.stop` undoes it in
 reverse and removes only what this instance wrote.
+
+Everything the agent runs in the background — its dispatch lane (one, ordered, for both
+ingresses), the ask clock, start-up recovery — is a task of its one
+:class:`~crosstalk.agent.taskgroup.TaskGroup`; stop ends with that group closing.
 """
 
 from __future__ import annotations
@@ -325,7 +329,7 @@ class Agent:
 
     async def reply(self, message_id: str, text: str) -> dict[str, Any]:
         """Answer an inbound message: obligation -> complete the ask -> forward to the asker
-        (:func:`crosstalk.agent.reply_states.reply`)."""
+        (:func:`crosstalk.agent.replies.reply`)."""
         return await replies.reply(self, message_id, text)
 
     async def _recover(self) -> None:

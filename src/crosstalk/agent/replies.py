@@ -31,6 +31,7 @@ class ReplyRefused(Exception):
 
 
 def reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each answered inbound message's reply (id, text, to, stage, result), from the journal."""
     replies: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("subject") != "reply" or not isinstance(rec.get("id"), str):
