@@ -12,7 +12,9 @@ which fails its task). One clock task sleeps until the earliest armed deadline.
 
 **Stop.** :meth:`DispatchLane.close`: the dispatch in flight gets its grace to finish, then is
 cancelled (the receiver journals it ``unknown``); messages still waiting stay ``submitted``
-in the journal for the next start to restore (seed R2); the clock stops.
+in the journal for the next start to restore (seed R2); the clock stops. (A dispatch a caller
+waits for and runs in its own task, :meth:`DispatchLane.dispatch`, ends with that caller: the
+uds ingress gives its connections their grace.)
 """
 
 from __future__ import annotations
