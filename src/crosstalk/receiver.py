@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -173,7 +173,10 @@ class Receiver:
 
     # -- the chain -------------------------------------------------------------------------
 
-    async def receive(self, msg: Message) -> Result:
+    async def receive(self, msg: Message,
+                      dispatch: Callable[[Entry], Awaitable[Result]] | None = None) -> Result:
+        """Admit then dispatch ``msg`` — through ``dispatch`` (the agent's lane) if given."""
+        run = dispatch or self.dispatch
         admitted = self.admit(msg)
         if isinstance(admitted, Result):
             prior = self.entries.get(msg.message_id)
@@ -183,9 +186,9 @@ class Receiver:
                 # failed (ReceiverUnavailable at the dispatch claim) and retries; returning the
                 # durable ``submitted`` state left the message undispatched until a restart.
                 prior.stalled = False
-                return replace(await self.dispatch(prior), duplicate=True)
+                return replace(await run(prior), duplicate=True)
             return admitted
-        result = await self.dispatch(admitted)
+        result = await run(admitted)
         if admitted.message_id != msg.message_id:  # a bounce notice went out in its place
             return self.entries[msg.message_id].result()
         return result

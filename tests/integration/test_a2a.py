@@ -720,7 +720,7 @@ async def test_20_restart_get_task_answers_and_a_retry_injects_nothing(
         t_stalled = await send(client, ctx, stalled, return_immediately=True)
         await eventually(first.fake.parked.is_set, what="stalled in the harness")
         t_behind = await send(client, ctx, behind, return_immediately=True)
-        first.server.dispatch_grace_seconds = 0.05
+        first.lane.grace_seconds = 0.05
     first.journal.close()  # server stopped: the stalled dispatch was cut off mid-way
     assert first.fake.texts() == ["before the crash"]
 
@@ -854,15 +854,15 @@ async def test_stop_leaves_nothing_running(registry: Registry, agents: dict[str,
                                            tmp_path: Path) -> None:
     node = make_node(registry, agents["bob"], tmp_path / "b.jsonl")
     before = asyncio.all_tasks()
-    url = await node.server.start()
+    url = await node.start()
     assert (await ct_client.send(url, agents["alice"].token, "hi")).state == "accepted"
     ask = await ct_client.send(url, agents["alice"].token, "q", kind="ask",
                                deadline_seconds=60, until_delivered=True)
     assert ask.state == "accepted"
-    await node.server.stop()
+    await node.stop()
     assert asyncio.all_tasks() - before == set()
-    assert node.server._timers == {}
-    assert node.server._on_entry not in node.receiver.listeners
+    assert node.server.lane.armed == {}
+    assert node.server.book.on_entry not in node.receiver.listeners
     result = await ct_client.send(url, agents["alice"].token, "anyone?")
     assert (result.state, result.reason) == ("unreachable", "connect_failed")
     node.journal.close()
@@ -874,7 +874,7 @@ def test_server_rejects_a_receiver_of_another_agent(registry: Registry,
     node = make_node(registry, agents["bob"], tmp_path / "b.jsonl")
     with pytest.raises(ValueError, match="one agent"):
         A2AServer(receiver=node.receiver, registry=registry, agent_id=agents["alice"].agent_id,
-                  name="alice")
+                  name="alice", lane=node.lane)
     node.journal.close()
 
 

@@ -162,6 +162,7 @@ async def _setup(tmp: Path, registry: Registry, bob: Agent, alice: Agent,
                  carol: Agent) -> Env:
     node = make_node(registry, bob, tmp / "bob.jsonl", limits=FUZZ_LIMITS,
                      max_wait_seconds=0.05)
+    await node.lane.start()
     app = node.server.build_app(base_url="http://bob.test")
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bob.test")
     env = Env(node, alice, carol, http)
@@ -245,7 +246,7 @@ def test_fuzz_endpoint_survives_anything(
         runner.run(_still_serving(env, full=True))
         _assert_nothing_lost(env)
         runner.run(env.http.aclose())
-        runner.run(env.node.server.stop())
+        runner.run(env.node.stop())
     env.node.journal.close()
 
 
@@ -288,7 +289,7 @@ def test_fuzz_crosstalk_metadata_never_injects_a_malformed_kind(
         runner.run(_still_serving(env, full=True))
         _assert_nothing_lost(env)
         runner.run(env.http.aclose())
-        runner.run(env.node.server.stop())
+        runner.run(env.node.stop())
     env.node.journal.close()
 
 
@@ -298,7 +299,7 @@ def test_fuzz_smoke_over_a_real_socket(
     with asyncio.Runner() as runner:
         node = make_node(registry, bob, tmp_path / "bob.jsonl", limits=FUZZ_LIMITS,
                          max_wait_seconds=0.05)
-        url = runner.run(node.server.start())
+        url = runner.run(node.start())
         env = Env(node, alice, carol, httpx.AsyncClient(base_url=url, timeout=30))
         env.probe_task = runner.run(_post(env, "good", _send_body("probe")))[
             "result"]["task"]["id"]
@@ -320,7 +321,7 @@ def test_fuzz_smoke_over_a_real_socket(
         runner.run(_still_serving(env, full=True))
         _assert_nothing_lost(env)
         runner.run(env.http.aclose())
-        runner.run(node.server.stop())
+        runner.run(node.stop())
     node.journal.close()
 
 

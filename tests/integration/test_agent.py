@@ -14,6 +14,7 @@ import pytest
 
 from crosstalk.a2a import client as a2a_client
 from crosstalk.agent import Agent, AgentSpec, ReplyRefused
+from crosstalk.core.ids import new_message_id
 from crosstalk.core.states import AskState, MessageState
 from crosstalk.harness.base import Receipt
 from crosstalk.harness.fake import FakeHarness, Step
@@ -369,3 +370,64 @@ async def test_a_held_message_is_settled_by_its_later_receipt(
     assert task.task_state == task_state
     receipts = [r for r in b.journal_records() if r.get("type") == "receipt"]
     assert [(r["id"], r["status"]) for r in receipts] == [(sent.message_id, status)]
+
+
+async def _uds_shape_a(path: str, token: str, text: str, message_id: str) -> dict[str, object]:
+    """``crosstalk send``'s two lines over the agent's socket; returns the ack."""
+    reader, writer = await asyncio.open_unix_connection(path)
+    try:
+        for line in ({"type": "auth", "token": token},
+                     {"type": "user", "message": {"role": "user", "content": text},
+                      "crosstalk": {"message_id": message_id}}):
+            writer.write(json.dumps(line).encode() + b"\n")
+        await writer.drain()
+        writer.write_eof()
+        ack: dict[str, object] = json.loads(await reader.readline())
+        return ack
+    finally:
+        writer.close()
+
+
+async def test_both_ingresses_share_the_agents_one_ordered_lane(
+        pair: tuple[Agent, Agent]) -> None:
+    """A uds frame arriving while an A2A message is being injected waits its turn, submitted,
+    and is injected after it: one injection at a time per agent, in arrival order."""
+    a, b = pair
+    gate = asyncio.Event()
+    harness_of(b).then(Step(gate=gate))
+    first = await a.send("bob", "over a2a", return_immediately=True)
+    await asyncio.wait_for(harness_of(b).parked.wait(), 10)
+    assert b.uds is not None
+    assert b.receiver is not None
+    mid = new_message_id()
+    ack = asyncio.create_task(_uds_shape_a(
+        str(b.uds.path), b.uds.key_path.read_text().strip(), "over uds", mid))
+    async with asyncio.timeout(10):
+        while mid not in b.receiver.entries:
+            await asyncio.sleep(0.002)
+    await asyncio.sleep(0.05)  # time for a second, concurrent injection, were there one
+    assert b.receiver.entries[first.message_id].state is MessageState.DISPATCHING
+    assert b.receiver.entries[mid].state is MessageState.SUBMITTED  # waiting in the lane
+    assert harness_of(b).dequeued == 1
+    gate.set()
+    assert (await asyncio.wait_for(ack, 10))["state"] == "accepted"
+    assert harness_of(b).texts() == ["over a2a", "over uds"]
+
+
+async def test_stop_closes_the_agents_task_group(tmp_path: Path, env: dict[str, str]) -> None:
+    """Lane, ask clock, recovery: when stop() returns, nothing the agent started runs."""
+    reg = Registry(tmp_path / "state")
+    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
+    await a.start()
+    before = asyncio.all_tasks()
+    await b.start()
+    asked = await a.send("bob", "still there?", kind="ask", deadline_seconds=60,
+                         until_delivered=True)
+    assert asked.state == "accepted"
+    assert b.lane is not None
+    assert b.lane.armed  # the ask's deadline timer runs on the agent's clock
+    await b.stop()
+    assert asyncio.all_tasks() - before == set()
+    assert b.lane is None
+    await a.stop()

@@ -61,11 +61,11 @@ def env(tmp_path: Path) -> Iterator[Env]:
         assert node.registrations[0].agent_id == node.agent_id
         loop = LoopThread()
         try:
-            loop.run(node.ingress.start())
+            loop.run(node.start())
             yield Env(node, loop, sockdir)
         finally:
             with contextlib.suppress(Exception):
-                loop.run(node.ingress.stop())
+                loop.run(node.stop())
             loop.close()
             for r in node.registrations:
                 r.close()

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crosstalk.core.ids import new_message_id
-from crosstalk.ingress.uds import BadFrame, parse_line, user_frame
+from crosstalk.ingress.claude_wire import BadFrame, parse_line, user_frame
 from tests.support.agents import register_agent
 from tests.support.dirs import short_dir
 from tests.support.uds import LoopThread, Node, auth, make_node, user
@@ -53,11 +53,11 @@ def fuzzed(tmp_path: Path) -> Iterator[Fuzzed]:
                                                  uds_path=sockdir / "s.sock", exact_name=True))
         loop = LoopThread()
         try:
-            loop.run(node.ingress.start())
+            loop.run(node.start())
             yield Fuzzed(node, loop, node.token())
         finally:
             with contextlib.suppress(Exception):
-                loop.run(node.ingress.stop())
+                loop.run(node.stop())
             # Nothing of the server may outlive stop().
             leftover = loop.pending_tasks()
             loop.close()

@@ -21,7 +21,7 @@ import pytest
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Kind
 from crosstalk.harness.fake import Step
-from crosstalk.ingress.uds import IngressError, UdsIngress
+from crosstalk.ingress import IngressError, UdsIngress
 from crosstalk.store.files import write_atomic
 from crosstalk.store.registry import Registry
 from tests.support.agents import register_agent
@@ -140,7 +140,7 @@ async def test_start_refuses_an_unsafe_directory(node: Node, problem: str) -> No
 
 async def test_start_refuses_a_live_socket_and_replaces_a_stale_one(
         node: Node, home: Path) -> None:
-    other = UdsIngress(node.path, node.receiver, node.registry)
+    other = UdsIngress(node.path, node.receiver, node.registry, lane=node.lane)
     async with serving(node):
         with pytest.raises(IngressError, match="listening"):
             await other.start()
@@ -182,14 +182,14 @@ async def test_stop_ends_every_connection_and_leaves_nothing_running(
     before = set(asyncio.all_tasks())
     gate = asyncio.Event()  # never set: the injection blocks until stop cancels it
     node.harness.then(Step(gate=gate))
-    await node.ingress.start()
+    await node.start()
     blocked_id = new_message_id()
     blocked = asyncio.create_task(
         exchange(node.path, auth(node.token()) + user("stuck", message_id=blocked_id)))
     idle = asyncio.create_task(exchange(node.path, b"", half_close=False))
     async with asyncio.timeout(10):
         await node.harness.parked.wait()
-    await node.ingress.stop()
+    await node.stop()
     raw_blocked, _ = await blocked
     raw_idle, secs = await idle
     assert raw_blocked == b""  # no ack: the outcome is not known

@@ -23,6 +23,8 @@ from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a.server import A2AServer
+from crosstalk.agent.lane import DISPATCH_GRACE, DispatchLane
+from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import new_instance_id, new_message_id
 from crosstalk.core.policy import TargetRole
@@ -62,15 +64,30 @@ def registered_agent(reg: Registry, name: str, *, harness: str = "codex",
 
 @dataclass
 class Node:
-    """One receiving agent: its journal, receiver (fake harness) and A2A server."""
+    """One receiving agent: its journal, receiver (fake harness), dispatch lane (in the
+    agent's task group, as :class:`crosstalk.agent.Agent` runs it) and A2A server."""
 
     agent: Agent
     journal: Journal
     fake: FakeHarness
     receiver: Receiver
     server: A2AServer
+    group: TaskGroup
+    lane: DispatchLane
     url: str = ""
     journal_path: Path = field(default_factory=Path)
+
+    async def start(self) -> str:
+        """The lane first (what restore resumed is dispatched), then the listener."""
+        await self.lane.start()
+        self.url = await self.server.start()
+        return self.url
+
+    async def stop(self) -> None:
+        """The agent's order: the listener, then the lane (with its grace), then the group."""
+        await self.server.stop()
+        await self.lane.close()
+        await self.group.close()
 
     def records(self) -> list[dict[str, Any]]:
         return Journal(self.journal_path).replay().records
@@ -83,25 +100,29 @@ class Node:
 def make_node(reg: Registry, agent: Agent, journal_path: Path, *,
               fake: FakeHarness | None = None, limits: Limits | None = None,
               target_role: Callable[[], TargetRole] | None = None,
-              binding: Binding | None = None, **server_kw: Any) -> Node:
+              binding: Binding | None = None, dispatch_grace_seconds: float = DISPATCH_GRACE,
+              **server_kw: Any) -> Node:
     journal = Journal(journal_path)
     fake = fake or FakeHarness()
     receiver = Receiver(
         agent.agent_id, journal, fake,
         binding or Binding("fake", f"session-of-{agent.name}", None, new_instance_id()),
         limits=limits or Limits(), target_role=target_role or TargetRole)
+    group = TaskGroup(f"agent {agent.agent_id}")
+    lane = DispatchLane(receiver, group, grace_seconds=dispatch_grace_seconds)
     server = A2AServer(receiver=receiver, registry=reg, agent_id=agent.agent_id,
-                       name=agent.name, **server_kw)
-    return Node(agent, journal, fake, receiver, server, journal_path=journal_path)
+                       name=agent.name, lane=lane, **server_kw)
+    return Node(agent, journal, fake, receiver, server, group, lane,
+                journal_path=journal_path)
 
 
 @asynccontextmanager
 async def serving(node: Node) -> AsyncIterator[Node]:
-    node.url = await node.server.start()
+    await node.start()
     try:
         yield node
     finally:
-        await node.server.stop()
+        await node.stop()
 
 
 @asynccontextmanager

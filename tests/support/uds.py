@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from crosstalk import proc
+from crosstalk.agent.lane import DispatchLane
+from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import journal_path
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.harness.base import Binding
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.ingress.uds import UdsIngress
+from crosstalk.ingress.uds import CLOSE_GRACE, UdsIngress
 from crosstalk.receiver import Receiver
 from crosstalk.store.journal import FileOps, Journal, read_journal
 from crosstalk.store.registry import Registration, Registry
@@ -36,7 +38,8 @@ T = TypeVar("T")
 
 @dataclass
 class Node:
-    """One receiving agent: journal, fake harness, receiver, and its uds ingress."""
+    """One receiving agent: journal, fake harness, receiver, its dispatch lane (in the agent's
+    task group, as :class:`crosstalk.agent.Agent` runs it) and its uds ingress."""
 
     home: Path
     agent_id: str
@@ -45,7 +48,21 @@ class Node:
     receiver: Receiver
     ingress: UdsIngress
     registry: Registry
+    group: TaskGroup
+    lane: DispatchLane
     registrations: list[Registration] = field(default_factory=list)
+
+    async def start(self) -> None:
+        await self.lane.start()
+        await self.ingress.start()
+
+    async def stop(self) -> None:
+        """The agent's order: socket and key gone, the lane closed (the dispatch in flight
+        gets its grace), the ingress drained, the group closed."""
+        self.ingress.close_listener()
+        await self.lane.close()
+        await self.ingress.stop()
+        await self.group.close()
 
     @property
     def path(self) -> Path:
@@ -72,17 +89,20 @@ def make_node(home: Path, sock_path: Path, *, session: str = "receiver-session",
     binding = Binding("fake", session, None, new_instance_id())
     receiver = Receiver(agent_id=agent_id, journal=journal, harness=harness, binding=binding,
                         reply_address=str(sock_path))
-    ingress = UdsIngress(sock_path, receiver, registry, **ingress_kw)
-    return Node(home, agent_id, journal, harness, receiver, ingress, registry)
+    group = TaskGroup(f"agent {agent_id}")
+    lane = DispatchLane(receiver, group,
+                        grace_seconds=ingress_kw.get("close_grace", CLOSE_GRACE))
+    ingress = UdsIngress(sock_path, receiver, registry, lane=lane, **ingress_kw)
+    return Node(home, agent_id, journal, harness, receiver, ingress, registry, group, lane)
 
 
 @contextlib.asynccontextmanager
 async def serving(node: Node) -> AsyncIterator[Node]:
-    await node.ingress.start()
+    await node.start()
     try:
         yield node
     finally:
-        await node.ingress.stop()
+        await node.stop()
         for r in node.registrations:
             r.close()
         node.journal.close()

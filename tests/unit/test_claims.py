@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from crosstalk.a2a import wire
-from crosstalk.agent import CLAIM_RECORD, _claim_state
+from crosstalk.agent.claims import CLAIM_RECORD, claim_state
 from crosstalk.core import retention
 from crosstalk.core.policy import PRIMARY, SUBAGENT, ControlResult
 from crosstalk.core.states import ClaimStatus, check_transition, is_unresolved
@@ -76,26 +76,26 @@ def test_explicit_defaults_are_not_a_combination() -> None:
 
 def test_latest_claim_record_of_this_session_wins() -> None:
     records = [claim(OWNER), {"subject": "message", "id": "m"}, claim(None), claim(OTHER)]
-    assert _claim_state(records, SESSION).owner == OTHER
-    assert _claim_state(records[:3], SESSION).owner is None
-    assert _claim_state(records[:2], SESSION).owner == OWNER
-    assert _claim_state([], SESSION).role == PRIMARY
+    assert claim_state(records, SESSION).owner == OTHER
+    assert claim_state(records[:3], SESSION).owner is None
+    assert claim_state(records[:2], SESSION).owner == OWNER
+    assert claim_state([], SESSION).role == PRIMARY
 
 
 def test_claims_of_another_binding_never_apply() -> None:
     foreign = [claim(OWNER, session=("codex", "thread-2")), claim(OTHER, session=None)]
-    assert _claim_state(foreign, SESSION).owner is None
+    assert claim_state(foreign, SESSION).owner is None
     # ... and a later foreign record does not undo this session's claim either
     mine_then_foreign = [claim(OWNER), claim(None, session=("codex", "thread-2"))]
-    assert _claim_state(mine_then_foreign, SESSION).owner == OWNER
+    assert claim_state(mine_then_foreign, SESSION).owner == OWNER
     # another harness with the same session_ref is another session
-    assert _claim_state([claim(OWNER, session=("claude", "thread-1"))], SESSION).owner is None
+    assert claim_state([claim(OWNER, session=("claude", "thread-1"))], SESSION).owner is None
 
 
 def test_garbage_owner_reads_as_unclaimed() -> None:
     bad = claim(OWNER)
     bad["owner"] = 42
-    assert _claim_state([claim(OWNER), bad], SESSION).owner is None
+    assert claim_state([claim(OWNER), bad], SESSION).owner is None
 
 
 # -- results and states ---------------------------------------------------------------------
@@ -127,5 +127,5 @@ def test_retention_keeps_a_standing_claim_and_drops_a_released_one() -> None:
     # a standing claim keeps its whole history (the records share the agent's id)
     history = [claim(OWNER, ts=0.0), claim(None, ts=1.0), claim(OTHER, ts=2.0)]
     assert retention.plan(history, now, DAY) == [True, True, True]
-    assert _claim_state([r for r, k in zip(history, retention.plan(history, now, DAY),
+    assert claim_state([r for r, k in zip(history, retention.plan(history, now, DAY),
                                            strict=True) if k], SESSION).owner == OTHER

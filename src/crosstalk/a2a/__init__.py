@@ -1,14 +1,18 @@
 """CrossTalk's A2A layer: each agent is a first-class A2A 1.0 agent (seed §5 "A2A ingress").
 
 - :mod:`crosstalk.a2a.server` — the per-agent endpoint on the official ``a2a-sdk`` JSON-RPC
-  binding and uvicorn; it drives the one receiver chain.
+  binding and uvicorn; it drives the one receiver chain. Its parts:
+  :mod:`~crosstalk.a2a.asgi` (app, auth, body cap, listener), :mod:`~crosstalk.a2a.handler`
+  (the A2A methods), :mod:`~crosstalk.a2a.control` (claim/release answers),
+  :mod:`~crosstalk.a2a.errors` (refusals), :mod:`~crosstalk.a2a.tasks` (the task book).
 - :mod:`crosstalk.a2a.taskstore` — the journal-backed task store (seed S12).
 - :mod:`crosstalk.a2a.client` — how a shim sends to a peer, on the SDK's own client.
 - :mod:`crosstalk.a2a.wire` — the ``crosstalk.*`` metadata both sides speak.
 """
 
 from crosstalk.a2a.client import SendResult, cancel_task, get_task, send
-from crosstalk.a2a.server import A2AServer, rejected_error
+from crosstalk.a2a.errors import rejected_error
+from crosstalk.a2a.server import A2AServer
 from crosstalk.a2a.taskstore import JournalTaskStore, StoredTask
 
 __all__ = [

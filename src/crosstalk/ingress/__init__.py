@@ -5,6 +5,7 @@ Each ingress decodes its frames into a :class:`crosstalk.core.message.Message` w
 :meth:`crosstalk.receiver.Receiver.receive`. Policy lives in the receiver, never here.
 """
 
-from crosstalk.ingress.uds import IngressError, UdsIngress
+from crosstalk.ingress.socket_files import IngressError
+from crosstalk.ingress.uds import UdsIngress
 
 __all__ = ["IngressError", "UdsIngress"]

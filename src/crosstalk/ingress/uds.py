@@ -1,10 +1,6 @@
 """The Claude-compatible unix-socket ingress (seed §5 "uds ingress"; design §4 items 3-5).
 
-Wire format, as Claude Code 2.1.328 speaks it (``research/claude-code.md`` §5-§6): UTF-8
-NDJSON on a stream socket, one JSON object per ``\\n``-terminated line, blank lines skipped, a
-final fragment without ``\\n`` parsed at EOF, a line over 1,048,576 characters or 30 s without
-a complete line closes the connection, and connect-and-close probes are normal (Claude's
-ListAgents makes two before it sends).
+Wire format: :mod:`crosstalk.ingress.claude_wire`.
 
 A connection carries one message, in one of two shapes:
 
@@ -20,15 +16,15 @@ A connection carries one message, in one of two shapes:
     else — no match, or a pooled pid matching several descriptors — is closed with no state:
     nothing journaled, nothing injected. Shape (b) never gets a byte back, on success or on any
     rejection: Claude's sender takes EOF as success and reports a socket still open after 5 s
-    as a failure, so the server closes as soon as the receiver chain returns.
+    as a failure, so the server closes as soon as the frame is journaled ``submitted``.
+
+Dispatch is the agent's: both shapes hand admitted messages to the agent's one ordered
+dispatch lane (:class:`Lane`), which the A2A ingress shares. Shape (a) waits for its
+message's turn and outcome before it acks; shape (b) does not wait at all.
 
 Identity comes only from the transport (peer pid + start time → descriptor); what a frame says
 about itself (``msg_id``, ``from``, ``priority``, ``session_id``, envelope attributes) is kept as
-display claims only. A frame carrying our metadata (``"crosstalk": {"message_id": <uuid>}``) is
-an identified message the receiver dedupes; any other frame is native and gets a fresh id. A uds
-frame is ``inform``: a frame that asks for another kind (``crosstalk.kind``, a top-level
-``kind``, or a ``kind`` attribute on the envelope) is handed to the receiver *with* that kind so
-its policy rejects and journals it; a kind outside the protocol is refused here.
+display claims only (:func:`crosstalk.ingress.claude_wire.user_frame`).
 """
 
 from __future__ import annotations
@@ -36,35 +32,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import os
-import re
 import secrets
 import socket
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-from crosstalk import proc
-from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, uds_key_path
-from crosstalk.core.envelope import parse_claude
+from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
 from crosstalk.core.ids import new_message_id
-from crosstalk.core.message import Ingress, Kind, Message, Sender
+from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.ingress.claude_wire import (
+    IDLE_TIMEOUT,
+    MAX_LINE,
+    BadFrame,
+    Close,
+    Lines,
+    UserFrame,
+    ack_line,
+    parse_line,
+    user_frame,
+)
+from crosstalk.ingress.peers import Peer, matches_peer, peer_of, verified
+from crosstalk.ingress.socket_files import IngressError, clear_stale_socket, private_dir
 from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
 from crosstalk.store.files import unlink_durable, write_atomic
 from crosstalk.store.registry import Descriptor, Registry
 
 log = logging.getLogger(__name__)
 
-#: Claude Code's inbox limit: a buffered line longer than this many characters kills the
-#: connection (``Line exceeded 1048576 chars``).
-MAX_LINE = 1_048_576
-#: Claude Code closes a connection that sends no complete line within 30 s.
-IDLE_TIMEOUT = 30.0
 #: How long stop() lets a connection already inside the receiver chain finish.
 CLOSE_GRACE = 2.0
 #: Longest socket path accepted, in bytes; Claude Code refuses longer ones (macOS' sun_path is
@@ -73,9 +73,6 @@ MAX_SOCKET_PATH = 103
 #: Concurrent connections served; more are closed at once (probes and senders are short-lived).
 MAX_CONNECTIONS = 64
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_CLAIMED_FIELDS = ("msg_id", "from", "priority", "session_id")
-_MAX_CLAIM_CHARS = 300
 _KEY_READ_LIMIT = 4096
 #: In-flight accepts surface as connection tasks within a few loop turns after the listener
 #: closes; stop() waits this many quiet turns before it declares the server drained.
@@ -86,171 +83,25 @@ _SETTLE_TURNS = 8
 ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
 
 
-class IngressError(RuntimeError):
-    """The ingress cannot start safely (directory not private, path in use, path too long)."""
+class Lane(Protocol):
+    """What the ingress needs from its agent's dispatch lane (one per agent, in order)."""
 
+    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+        """Dispatch ``entry`` in its turn; do not wait."""
 
-class BadFrame(ValueError):
-    """A line that is not a frame this ingress accepts (bad JSON, wrong types, bad metadata)."""
+    async def dispatch(self, entry: Entry) -> Result:
+        """Dispatch ``entry`` in its turn and return its outcome."""
 
-
-class _Close(Exception):
-    """Close the connection now, writing nothing (oversize line, idle timeout)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-# -- frames (pure) -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class UserFrame:
-    """A decoded ``type:"user"`` line. Nothing in it is identity."""
-
-    text: str
-    #: Our metadata's message id (an identified message), or ``None`` for a native frame.
-    message_id: str | None
-    #: The kind the frame asks for; ``None`` when it names a kind outside the protocol.
-    kind: Kind | None
-    claimed: dict[str, str]
-
-
-def parse_line(line: str) -> dict[str, Any]:
-    """One NDJSON line as a JSON object, or :class:`BadFrame`."""
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise BadFrame(f"not JSON: {type(exc).__name__}") from None
-    if not isinstance(obj, dict):
-        raise BadFrame("not a JSON object")
-    return obj
-
-
-def _claim(value: object) -> str | None:
-    return value[:_MAX_CLAIM_CHARS] if isinstance(value, str) else None
-
-
-def _requested_kind(values: list[object]) -> Kind | None:
-    """The kind a frame asks for: any non-inform request wins; a value outside the protocol
-    (not one of our kinds) is ``None``; no request at all is inform."""
-    unknown = False
-    for value in values:
-        if value is None:
-            continue
-        try:
-            kind = Kind(value) if isinstance(value, str) else None
-        except ValueError:
-            kind = None
-        if kind is None:
-            unknown = True
-        elif kind is not Kind.INFORM:
-            return kind
-    return None if unknown else Kind.INFORM
-
-
-def user_frame(obj: Mapping[str, Any]) -> UserFrame:
-    """Decode a ``type:"user"`` object (seed §5 normalisation), or raise :class:`BadFrame`."""
-    message = obj.get("message")
-    if not isinstance(message, dict):
-        raise BadFrame("message is not an object")
-    content = message.get("content")
-    if not isinstance(content, str) or not content:
-        raise BadFrame("message.content is not a non-empty string")
-    meta = obj.get("crosstalk")
-    if meta is not None and not isinstance(meta, dict):
-        raise BadFrame("crosstalk metadata is not an object")
-    message_id: str | None = None
-    meta_kind: object = None
-    if meta is not None:
-        mid = meta.get("message_id")
-        if mid is not None:
-            if not isinstance(mid, str) or not _UUID_RE.fullmatch(mid.lower()):
-                raise BadFrame("crosstalk.message_id is not a uuid")
-            message_id = mid.lower()
-        meta_kind = meta.get("kind")
-    claimed = {k: v for k in _CLAIMED_FIELDS if (v := _claim(obj.get(k))) is not None}
-    text = content
-    envelope_kind: str | None = None
-    envelope = parse_claude(content)
-    if envelope is not None:
-        # The body is the message; every attribute is a claim (display only), and a nested
-        # envelope inside the body stays body text (parse_claude parses the outermost only).
-        text = envelope.body
-        for name, value in (*envelope.attrs.items(), *envelope.foreign.items()):
-            claimed[f"envelope.{name}"] = value[:_MAX_CLAIM_CHARS]
-        envelope_kind = envelope.foreign.get("kind")
-    kind = _requested_kind([meta_kind, obj.get("kind"), envelope_kind])
-    return UserFrame(text=text, message_id=message_id, kind=kind, claimed=claimed)
-
-
-def ack_line(message_id: str | None, state: str, reason: str | None) -> bytes:
-    ack = {"type": "ack", "message_id": message_id, "state": state, "reason": reason}
-    return json.dumps(ack, separators=(",", ":")).encode() + b"\n"
-
-
-def matches_peer(desc: Descriptor, pid: int, start_time: str) -> bool:
-    """The descriptor's shim (``pid``) or harness session (``harness_pid``) is this process."""
-    return (desc.pid == pid and desc.started_at == start_time) or (
-        desc.harness_pid == pid and desc.harness_started_at == start_time)
+    async def settle(self) -> None:
+        """Return once everything submitted so far has been dispatched."""
 
 
 # -- the server --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Peer:
-    pid: int
-    uid: int
-    #: The pid's start time, read at accept (before the pid could be reused).
-    start_time: str | None
-
-
 @dataclass
 class _Conn:
     receiving: bool = False
-
-
-@dataclass
-class _Lines:
-    """Reads NDJSON lines with Claude's limits: ``max_line`` characters, and a complete
-    (non-blank) line within ``idle_timeout`` or the connection is closed."""
-
-    reader: asyncio.StreamReader
-    max_line: int
-    idle_timeout: float
-    eof: bool = field(default=False, init=False)
-
-    async def next(self) -> str | None:
-        """The next non-blank line, ``None`` at EOF; raises :class:`_Close` or :class:`BadFrame`."""
-        try:
-            async with asyncio.timeout(self.idle_timeout):
-                while not self.eof:
-                    line = await self._read()
-                    if line is not None and line.strip():
-                        return line
-        except TimeoutError:
-            raise _Close("idle_timeout") from None
-        return None
-
-    async def _read(self) -> str | None:
-        try:
-            raw = await self.reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            self.eof = True
-            raw = exc.partial  # a final fragment without "\n" is parsed at EOF (Claude does)
-        except asyncio.LimitOverrunError:
-            raise _Close("line_too_long") from None
-        if not raw:
-            return None
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadFrame("not UTF-8") from None
-        if len(line.rstrip("\n")) > self.max_line:
-            raise _Close("line_too_long")
-        return line
 
 
 class UdsIngress:
@@ -262,6 +113,7 @@ class UdsIngress:
         receiver: Receiver,
         registry: Registry,
         *,
+        lane: Lane,
         idle_timeout: float = IDLE_TIMEOUT,
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
@@ -272,6 +124,8 @@ class UdsIngress:
         self.key_path = uds_key_path(self.path)
         self.receiver = receiver
         self.registry = registry
+        #: The agent's dispatch lane: every admitted frame is dispatched there, in order.
+        self.lane = lane
         self.idle_timeout = idle_timeout
         self.max_line = max_line
         self.close_grace = close_grace
@@ -280,8 +134,6 @@ class UdsIngress:
         self.control = control
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[Any], _Conn] = {}
-        #: Dispatches of native frames whose sockets were already closed (see _shape_b).
-        self._dispatches: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -312,8 +164,8 @@ class UdsIngress:
             raise IngressError(f"uds ingress on {self.path} is already serving")
         if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
             raise IngressError(f"socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes")
-        _private_dir(self.path.parent)
-        _clear_stale_socket(self.path)
+        private_dir(self.path.parent)
+        clear_stale_socket(self.path)
         # The key first: a sender that finds the socket must be able to authenticate.
         token = secrets.token_hex(16)  # Claude's peerToken shape: 32 hex
         write_atomic(self.key_path, token.encode() + b"\n", PRIVATE_FILE_MODE)
@@ -341,7 +193,10 @@ class UdsIngress:
             self._remove_files()
 
     async def stop(self) -> None:
-        """Stop listening, finish or cancel every connection, remove our socket and key."""
+        """Stop listening, finish or cancel every connection, remove our socket and key.
+
+        Dispatches are the lane's: its owner closes it (before this, so a connection waiting
+        for its outcome is released rather than cut off after a second grace)."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -360,23 +215,12 @@ class UdsIngress:
                 quiet += 1
                 await asyncio.sleep(0)
         await server.wait_closed()
-        await self._drain_dispatches()
         self._remove_files()
         log.debug("uds ingress on %s stopped", self.path)
 
     async def settle(self) -> None:
         """Wait until every native frame already admitted has been dispatched."""
-        while self._dispatches:
-            await asyncio.gather(*list(self._dispatches), return_exceptions=True)
-
-    async def _drain_dispatches(self) -> None:
-        if not self._dispatches:
-            return
-        tasks = list(self._dispatches)
-        _, pending = await asyncio.wait(tasks, timeout=self.close_grace)
-        for task in pending:
-            task.cancel()  # journaled unknown by the receiver; never resent
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.lane.settle()
 
     async def _drain_connections(self) -> None:
         tasks = list(self._conns)
@@ -418,7 +262,7 @@ class UdsIngress:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-        except _Close as exc:
+        except Close as exc:
             log.debug("uds ingress %s: closed (%s)", self.path, exc.reason)
         except asyncio.CancelledError:
             # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
@@ -432,11 +276,11 @@ class UdsIngress:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      conn: _Conn) -> None:
-        peer = _peer(writer)
+        peer = peer_of(writer)
         if peer is not None and peer.uid != os.getuid():
             log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
             return
-        lines = _Lines(reader, self.max_line, self.idle_timeout)
+        lines = Lines(reader, self.max_line, self.idle_timeout)
         try:
             first = await lines.next()
             if first is None:
@@ -457,8 +301,8 @@ class UdsIngress:
         else:
             log.debug("uds ingress %s: unknown frame type", self.path)
 
-    async def _shape_a(self, auth: Mapping[str, Any], lines: _Lines,
-                       writer: asyncio.StreamWriter, peer: _Peer | None, conn: _Conn) -> None:
+    async def _shape_a(self, auth: Mapping[str, Any], lines: Lines,
+                       writer: asyncio.StreamWriter, peer: Peer | None, conn: _Conn) -> None:
         token = auth.get("token")
         if not isinstance(token, str) or not self._token_ok(token):
             log.info("uds ingress %s: authentication failed", self.path)
@@ -491,7 +335,7 @@ class UdsIngress:
             return
         await self._ack(writer, result.message_id, result.state.value, result.reason)
 
-    async def _shape_b(self, obj: Mapping[str, Any], peer: _Peer | None, conn: _Conn) -> None:
+    async def _shape_b(self, obj: Mapping[str, Any], peer: Peer | None, conn: _Conn) -> None:
         # Nothing is ever written back on this shape: Claude's sender reads EOF as success.
         try:
             frame = user_frame(obj)
@@ -506,7 +350,7 @@ class UdsIngress:
         if frame.kind is None:
             log.info("uds ingress %s: frame asked for a kind outside the protocol", self.path)
             return
-        msg = self._message(frame, _verified(desc, peer))
+        msg = self._message(frame, verified(desc, peer))
         try:
             admitted = self.receiver.admit(msg)
         except ReceiverUnavailable as exc:
@@ -515,12 +359,10 @@ class UdsIngress:
         if isinstance(admitted, Entry):
             # The message is durable (journaled submitted), so EOF may go now: Claude's sender
             # reports a failure if the socket stays open 5 s, and its model would then resend
-            # a frame that dedupe cannot catch. Injection runs in a task the ingress owns.
-            task = asyncio.get_running_loop().create_task(self._dispatch(admitted))
-            self._dispatches.add(task)
-            task.add_done_callback(self._dispatches.discard)
+            # a frame that dedupe cannot catch. Injection follows in the agent's lane.
+            self.lane.submit(admitted)
 
-    def _control(self, obj: Mapping[str, Any], peer: _Peer | None) -> None:
+    def _control(self, obj: Mapping[str, Any], peer: Peer | None) -> None:
         if self.control is None:
             log.debug("uds ingress %s: control frame %r ignored", self.path, obj.get("action"))
             return
@@ -529,20 +371,10 @@ class UdsIngress:
         except Exception:
             log.exception("uds ingress %s: control frame handler failed", self.path)
 
-    async def _dispatch(self, entry: Entry) -> None:
-        try:
-            await self.receiver.dispatch(entry)
-        except ReceiverUnavailable as exc:
-            log.warning("uds ingress %s: %s", self.path, exc)
-        except asyncio.CancelledError:
-            log.debug("uds ingress %s: dispatch cancelled by stop", self.path)
-        except Exception:
-            log.exception("uds ingress %s: dispatch failed", self.path)
-
     async def _receive(self, msg: Message, conn: _Conn) -> Result:
         conn.receiving = True
         try:
-            return await self.receiver.receive(msg)
+            return await self.receiver.receive(msg, dispatch=self.lane.dispatch)
         finally:
             conn.receiving = False
 
@@ -562,13 +394,13 @@ class UdsIngress:
             kind=frame.kind, native=frame.message_id is None, claimed=frame.claimed,
         )
 
-    def _sender(self, peer: _Peer | None) -> Sender:
+    def _sender(self, peer: Peer | None) -> Sender:
         desc = self._identify(peer)
         if desc is not None:
-            return _verified(desc, peer)
+            return verified(desc, peer)
         return Sender(agent_id=None, ingress=Ingress.UDS, peer_pid=peer.pid if peer else None)
 
-    def _identify(self, peer: _Peer | None) -> Descriptor | None:
+    def _identify(self, peer: Peer | None) -> Descriptor | None:
         """The one live descriptor this peer process is, else ``None`` (never the first of
         several: a pooled pid stays unverified)."""
         if peer is None or peer.start_time is None:
@@ -614,64 +446,3 @@ class UdsIngress:
             return raw.decode("ascii").strip()
         except UnicodeDecodeError:
             return None
-
-
-def _verified(desc: Descriptor, peer: _Peer | None) -> Sender:
-    """Identity from the registration, never from the frame."""
-    return Sender(agent_id=desc.agent_id, name=desc.name, role=desc.role, ingress=Ingress.UDS,
-                  peer_pid=peer.pid if peer else None, reply_address=desc.uds_path)
-
-
-def _peer(writer: asyncio.StreamWriter) -> _Peer | None:
-    """The kernel's word on who connected, with the pid's start time read right now."""
-    sock = writer.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        creds = proc.peer_credentials(sock)
-    except OSError:
-        return None
-    return _Peer(creds.pid, creds.uid, proc.process_start_time(creds.pid))
-
-
-def _private_dir(directory: Path) -> None:
-    """Create the socket directory 0700, or refuse one that is not ours or not private."""
-    try:
-        directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
-    except FileExistsError:
-        pass
-    else:
-        os.chmod(directory, PRIVATE_DIR_MODE)  # mkdir's mode is filtered by the umask
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode):
-        raise IngressError(f"{directory} is not a directory")
-    if st.st_uid != os.getuid():
-        raise IngressError(f"{directory} is owned by uid {st.st_uid}, not by us")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise IngressError(f"{directory} is not private (mode {stat.S_IMODE(st.st_mode):o}); "
-                           "the socket directory must be mode 0700")
-
-
-def _clear_stale_socket(path: Path) -> None:
-    """Remove a dead socket left by a crash; refuse a live one or a non-socket file."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise IngressError(f"{path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(os.fspath(path))
-    except ConnectionRefusedError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise IngressError(f"cannot tell whether {path} is in use: {exc}") from exc
-    finally:
-        probe.close()
-    raise IngressError(f"another process is listening on {path}")

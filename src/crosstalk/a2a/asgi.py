@@ -1,0 +1,392 @@
+"""The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, the Agent Card, and
+the embedded uvicorn listener (seed §5 request path, up to the SDK's JSON-RPC dispatcher)::
+
+    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding)
+      →  SDK JSON-RPC dispatcher  →  :class:`crosstalk.a2a.handler.CrossTalkRequestHandler`
+
+The SDK does the wire: JSON-RPC parsing and error mapping (``create_jsonrpc_routes``), the
+Agent Card route, the protobuf types. Nothing here knows about tasks or the receiver chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import socket
+import time
+from collections.abc import Callable, Generator, Sequence
+
+import uvicorn
+from a2a.auth.user import User
+from a2a.server.context import ServerCallContext
+from a2a.server.jsonrpc_models import JSONParseError, JSONRPCError
+from a2a.server.request_handlers import RequestHandler, build_error_response
+from a2a.server.routes import (
+    DefaultServerCallContextBuilder,
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+)
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
+from a2a.utils.errors import A2AError, InvalidRequestError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as AsgiMessage
+
+from crosstalk import __version__
+from crosstalk.a2a import wire
+from crosstalk.a2a.taskstore import SENDER_KEY
+from crosstalk.core.message import Ingress, Sender
+from crosstalk.core.policy import PRIMARY, SUBAGENT
+from crosstalk.core.states import MessageState
+from crosstalk.store.registry import Descriptor, Registry
+
+M = MessageState
+
+RPC_PATH = "/"
+#: The ASGI scope key the bearer guard puts the verified sender under.
+SCOPE_SENDER = "crosstalk.sender"
+#: The call-context key of the request's ASGI ``receive`` (a default wait watches it for a
+#: disconnect).
+RECEIVE_KEY = "crosstalk.receive"
+_TOKEN_CACHE_SECONDS = 1.0
+_MAX_TOKEN_LEN = 512
+#: An oversize body is read and discarded up to this many times the cap before answering, so
+#: the client is not cut off mid-write (it would see a reset, i.e. "unknown", not "rejected").
+_DRAIN_FACTOR = 64
+
+#: The verified sender for an ``Authorization`` header's values, or ``None``.
+Authenticate = Callable[[Sequence[str]], Sender | None]
+
+
+# -- authentication ------------------------------------------------------------------------
+
+
+class BearerTokens:
+    """Maps a bearer token to the one live registered agent it belongs to (seed §5).
+
+    A verified token is cached for a second (the registry lookup reads descriptors from disk);
+    the cache is keyed by the token's hash, never the token.
+    """
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._cache: dict[str, tuple[float, Descriptor]] = {}
+
+    def authenticate(self, authorization: Sequence[str]) -> Sender | None:
+        """The verified sender for an ``Authorization`` header, or ``None``."""
+        if len(authorization) != 1:
+            return None
+        scheme, _, token = authorization[0].strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_LEN:
+            return None
+        key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            desc: Descriptor | None = cached[1]
+        else:
+            try:
+                desc = self.registry.agent_for_token(token)
+            except (OSError, ValueError):
+                desc = None
+            if desc is None:
+                self._cache.pop(key, None)
+            else:
+                if len(self._cache) > 64:
+                    self._cache.clear()
+                self._cache[key] = (now + _TOKEN_CACHE_SECONDS, desc)
+        if desc is None:
+            return None
+        role = desc.role
+        if role == SUBAGENT and self.registry.live_owner(desc.owner) is None:
+            role = PRIMARY  # its owner is gone: nobody holds the claim (Registry.live_owner)
+        return Sender(agent_id=desc.agent_id, name=desc.name, role=role, ingress=Ingress.A2A)
+
+
+# -- ASGI middleware -----------------------------------------------------------------------
+
+
+async def _send_json(send: Send, status: int, body: bytes,
+                     extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _jsonrpc_error_bytes(error: A2AError | JSONRPCError) -> bytes:
+    return json.dumps(build_error_response(None, error)).encode()
+
+
+class BearerGuard:
+    """Every request but the public Agent Card needs ``Authorization: Bearer <token>``.
+
+    The token is the **sending** agent's own CrossTalk credential; it maps to exactly one live
+    registered agent (``Registry.agent_for_token``), whose id, name and role become the
+    verified :class:`Sender`. Anything else is answered ``401`` before the body is read.
+    """
+
+    def __init__(self, app: ASGIApp, *, authenticate: Authenticate, drain_limit: int) -> None:
+        self.app = app
+        self.authenticate = authenticate
+        self.drain_limit = drain_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") == AGENT_CARD_WELL_KNOWN_PATH and scope.get("method") in (
+                "GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        sender = self.authenticate(_header_values(scope, b"authorization"))
+        if sender is None:
+            await _drain(receive, self.drain_limit)  # let the client finish
+            body = _jsonrpc_error_bytes(InvalidRequestError(
+                message="unauthorized: a registered agent's bearer token is required",
+                data={wire.ERROR_REASON: "unauthorized", wire.ERROR_STATE: M.REJECTED.value}))
+            await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="crosstalk"')])
+            return
+        scope[SCOPE_SENDER] = sender
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Cap the request body before anything decodes it (seed R10, WA1).
+
+    Works for a declared ``Content-Length`` and for chunked bodies alike; an oversize request
+    is answered with a JSON-RPC invalid-request error (HTTP 200), never a bare 413, so the
+    client maps it to ``rejected``. The body is drained first so the client is never cut off
+    mid-write. A body that is not UTF-8 gets the JSON-RPC parse error here (the SDK would
+    report it as an internal error, which a client must read as "unknown").
+    """
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = await self._read(scope, receive)
+        if body is None:  # the client went away
+            return
+        if isinstance(body, int):
+            await _send_json(send, 200, _jsonrpc_error_bytes(InvalidRequestError(
+                message=f"rejected: body_too_large (limit {self.limit} bytes)",
+                data={wire.ERROR_REASON: "body_too_large", wire.ERROR_STATE: M.REJECTED.value,
+                      "limit": str(self.limit)})))
+            return
+        if scope.get("method") == "POST":
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError:
+                # JSON text is UTF-8 (RFC 8259): this is a parse error, not a server fault.
+                await _send_json(send, 200, _jsonrpc_error_bytes(JSONParseError(
+                    message="request body is not UTF-8")))
+                return
+        replayed = False
+
+        async def replay() -> AsgiMessage:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | int | None:
+        """The whole body; or its size so far if over the cap (drained); ``None`` if gone."""
+        declared = _header_values(scope, b"content-length")
+        try:
+            over = any(int(v) > self.limit for v in declared)
+        except ValueError:
+            over = False  # the server (h11) refuses a malformed length itself
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more and not over:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            more = bool(message.get("more_body", False))
+            over = size > self.limit
+            if not over:
+                chunks.append(chunk)
+        if not over:
+            return b"".join(chunks)
+        if more and not await _drain(receive, self.limit * _DRAIN_FACTOR - size):
+            return None
+        return size
+
+
+async def _drain(receive: Receive, budget: int) -> bool:
+    """Read and discard the rest of a request body (up to ``budget`` bytes) before answering,
+    so a client still writing is not cut off (it would see a reset, not our answer).
+    Returns False if the client went away."""
+    while budget >= 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return True
+
+
+def _header_values(scope: Scope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == name]
+
+
+class _AgentUser(User):
+    def __init__(self, sender: Sender) -> None:
+        self._sender = sender
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._sender.agent_id or ""
+
+
+class _ContextBuilder(DefaultServerCallContextBuilder):
+    """The SDK's context plus the verified sender; the bearer token is not copied along."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        ctx = super().build(request)
+        headers = ctx.state.get("headers")
+        if isinstance(headers, dict):
+            headers.pop("authorization", None)
+        sender = request.scope.get(SCOPE_SENDER)
+        if isinstance(sender, Sender):
+            ctx.state[SENDER_KEY] = sender
+            ctx.user = _AgentUser(sender)
+        ctx.state[RECEIVE_KEY] = request.receive
+        return ctx
+
+
+# -- the app, the card, the listener -------------------------------------------------------
+
+
+def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.AgentCard:
+    """Public card: no cwd, no CORS (seed R14); bearer required; JSON-RPC 1.0 only."""
+    return pb.AgentCard(
+        name=name,
+        description=description,
+        version=__version__,
+        supported_interfaces=[pb.AgentInterface(
+            url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_1_0)],
+        capabilities=pb.AgentCapabilities(
+            streaming=False, push_notifications=False, extended_agent_card=False,
+            extensions=[pb.AgentExtension(
+                uri=wire.CONTROL_EXTENSION, required=False,
+                description=("claim/release control requests (metadata "
+                             f"{wire.CONTROL}); never delivered as messages"))]
+            if control else []),
+        security_schemes={"bearer": pb.SecurityScheme(
+            http_auth_security_scheme=pb.HTTPAuthSecurityScheme(
+                scheme="bearer",
+                description="the sending agent's own CrossTalk credential"))},
+        security_requirements=[pb.SecurityRequirement(schemes={"bearer": pb.StringList()})],
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[pb.AgentSkill(
+            id="message", name="message",
+            description=("Deliver a message into this agent's running session: inform, "
+                         "command (policy-checked) or ask (answered by the session's reply)."),
+            tags=["crosstalk", "messaging"])],
+    )
+
+
+def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
+              authenticate: Authenticate, max_body_bytes: int) -> Starlette:
+    """The ASGI app: public Agent Card + bearer-guarded, body-capped JSON-RPC endpoint."""
+
+    async def current_card(_card: pb.AgentCard) -> pb.AgentCard:
+        return card()
+
+    routes = [
+        *create_agent_card_routes(agent_card=card(), card_modifier=current_card),
+        *create_jsonrpc_routes(request_handler=handler, rpc_url=RPC_PATH,
+                               context_builder=_ContextBuilder()),
+    ]
+    return Starlette(routes=routes, middleware=[
+        Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
+        Middleware(BodyLimit, limit=max_body_bytes),
+    ])
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside someone else's loop: it must not take over the process's signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Listener:
+    """The app on ``127.0.0.1:<free port>``, served by uvicorn in the running loop."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self._server: _EmbeddedServer | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def start(self, app: ASGIApp) -> str:
+        """Bind, serve, and return the base URL once uvicorn has started."""
+        # proto=IPPROTO_TCP matters: asyncio turns Nagle off only on sockets whose proto says
+        # TCP, and with Nagle on, uvicorn's two-part responses on a keep-alive connection
+        # wait ~40 ms for the peer's delayed ACK (measured: card fetch 44 ms -> under 1 ms).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_config=None, access_log=False,
+                                lifespan="off", ws="none", http="h11", server_header=False,
+                                timeout_graceful_shutdown=1)
+        server = _EmbeddedServer(config)
+        self._server = server
+        self._serve_task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if self._serve_task.done():
+                self._server = None
+                sock.close()
+                exc = self._serve_task.exception()
+                raise RuntimeError(f"the A2A listener did not start: {exc!r}")
+            await asyncio.sleep(0.005)
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop uvicorn (requests in flight get its graceful second) and close the socket."""
+        if self._server is not None and self._serve_task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._serve_task
+        self._server = None
+        self._serve_task = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None

@@ -1,0 +1,444 @@
+"""The task book: each A2A task derived from its messages' receiver entries (ADR 0004).
+
+A task is about its latest admitted message (the first, then each accepted continuation);
+``metadata["crosstalk.state"]`` is that message's receiver state. The receiver's listener
+(:meth:`TaskBook.on_entry`) re-derives the task on every state change and journals it through
+the :class:`~crosstalk.a2a.taskstore.JournalTaskStore` when anything changed.
+
+- ``accepted``/``queued`` complete an inform or command (``crosstalk.completion:
+  "delivered"``); an ask stays WORKING until ``receiver.close_ask`` answers it (COMPLETED,
+  the reply as the status message, ``crosstalk.completion: "answered"``) or expires/closes
+  it (FAILED). ``rejected`` → REJECTED (first message) / FAILED; ``unreachable`` → FAILED;
+  ``canceled`` → CANCELED.
+- ``unknown`` is never reported completed (seed 17c): the task stays WORKING with
+  ``crosstalk.state: "unknown"``. A later ``resolve`` (or a reconciler calling
+  ``receiver.resolve``) completes or fails it.
+
+On a restart :meth:`TaskBook.restore` rebuilds the tasks from the journal (seed S12, R2);
+open asks' deadlines are armed on the agent's dispatch lane, which expires them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import InternalError
+
+from crosstalk.a2a import wire
+from crosstalk.a2a.taskstore import (
+    JournalTaskStore,
+    StoredTask,
+    TaskStoreError,
+    copy_task,
+    is_terminal,
+    wire_state,
+)
+from crosstalk.config import RETENTION_SECONDS
+from crosstalk.core.message import Kind, Message, Sender
+from crosstalk.core.states import AskState, IllegalTransition, MessageState, TaskState
+from crosstalk.receiver import Entry, Receiver, message_from_record
+from crosstalk.store.journal import JournalError
+
+log = logging.getLogger(__name__)
+
+M = MessageState
+T = TaskState
+
+#: Names the status messages the server writes (uuid5 of the task, state and message).
+NAMESPACE = uuid.UUID("5d1d8e4e-3a39-4d51-9a43-2f1c0c7e8a11")
+
+
+class Lane(Protocol):
+    """What the A2A layer needs from its agent's dispatch lane (ordered dispatch, ask timers)."""
+
+    @property
+    def errors(self) -> Mapping[str, str]:
+        """Why a message's dispatch could not start, by message id."""
+
+    @property
+    def error_listeners(self) -> list[Callable[[str], None]]:
+        """Called with a message id when its dispatch could not start."""
+
+    def submit(self, entry: Entry, *, resume: bool = False) -> None: ...
+
+    def arm(self, message_id: str, deadline_at: float) -> None: ...
+
+    def disarm(self, message_id: str) -> None: ...
+
+    def is_armed(self, message_id: str) -> bool: ...
+
+
+class TaskBook:
+    """The tasks of one agent, kept in step with its receiver's entries."""
+
+    def __init__(self, receiver: Receiver, lane: Lane, *, expire_asks: bool = True,
+                 retention_seconds: float = RETENTION_SECONDS) -> None:
+        self.receiver = receiver
+        self.lane = lane
+        self.expire_asks = expire_asks
+        self.retention_seconds = retention_seconds
+        self.store = JournalTaskStore(receiver.journal, clock=receiver.clock)
+        #: Set while the server stops: no new deadline is armed.
+        self.stopping = False
+        #: The deadline (seconds) of each admitted message, until its ask opens or it ends.
+        self._pending: dict[str, int] = {}
+        self._ask_deadlines: dict[str, float] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._dirty: set[str] = set()
+        lane.error_listeners.append(self._lane_error)
+
+    def note_pending(self, message_id: str, deadline_seconds: int) -> None:
+        """Remember an admitted message's deadline until its ask opens (then it is armed)."""
+        self._pending[message_id] = deadline_seconds
+
+    def changed(self, task_id: str) -> asyncio.Event:
+        """Set at the task's next change (a default wait waits on it)."""
+        return self._changed.setdefault(task_id, asyncio.Event())
+
+    def wake_all(self) -> None:
+        for event in self._changed.values():
+            event.set()
+
+    def _lane_error(self, message_id: str) -> None:
+        task_id = self.store.task_for_message(message_id)
+        if task_id is not None:
+            event = self._changed.pop(task_id, None)
+            if event is not None:
+                event.set()
+
+    def task_for_message(self, message_id: str) -> str | None:
+        """The task a message belongs to (its first message or any continuation, R6)."""
+        return self.store.task_for_message(message_id)
+
+    def ask_of(self, message_id: str) -> str | None:
+        """The ask a message answers for (R6): the message itself if it is an ask, else the
+        ask its task was opened by, when the message is one of that task's continuations."""
+        entry = self.receiver.entries.get(message_id)
+        if entry is not None and entry.ask is not None:
+            return message_id
+        task_id = self.store.task_for_message(message_id)
+        stored = self.store.lookup(task_id) if task_id is not None else None
+        for ref in stored.refs if stored is not None else ():
+            first = self.receiver.entries.get(ref)
+            if first is not None and first.ask is not None:
+                return ref
+        return None
+
+    def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Entry,
+                    history: Sequence[pb.Message]) -> None:
+        assert sender.agent_id is not None
+        initial = T.REJECTED if entry.state is M.REJECTED else T.SUBMITTED
+        task = pb.Task(id=task_id, context_id=context_id,
+                       status=pb.TaskStatus(state=wire_state(initial)), history=list(history))
+        # The first record carries the metadata the message already implies, in an initial
+        # state; any further move (e.g. a retry finding it delivered) is a journaled change.
+        composed = self._compose(StoredTask(task, sender.agent_id, [entry.message_id]))
+        if composed is not None:
+            composed.status.state = wire_state(initial)
+            if initial is T.SUBMITTED:
+                composed.status.ClearField("message")
+            task = composed
+        stamp(task, self.receiver.clock())
+        try:
+            self.store.put(task, owner=sender.agent_id, refs=[entry.message_id])
+        except JournalError as exc:
+            self.receiver.admission.release_task(task_id)
+            raise InternalError(message=f"journal unavailable: {exc}") from exc
+        if initial is T.REJECTED:
+            self.receiver.admission.release_task(task_id)
+        self.apply(task_id)
+
+    def on_entry(self, entry: Entry) -> None:
+        """Receiver listener: every state change of a message that belongs to a task."""
+        task_id = self.store.task_for_message(entry.message_id)
+        if task_id is None:
+            return
+        if entry.ask is AskState.OPEN and entry.message_id not in self._ask_deadlines:
+            seconds = self._pending.get(entry.message_id, 0)
+            if seconds > 0:
+                self._ask_deadlines[entry.message_id] = self.receiver.clock() + seconds
+        if entry.state not in (M.SUBMITTED, M.DISPATCHING) and (
+                entry.ask is not None or entry.kind != Kind.ASK.value
+                or entry.state not in (M.ACCEPTED, M.QUEUED)):
+            self._pending.pop(entry.message_id, None)
+        self.apply(task_id)
+
+    def apply(self, task_id: str) -> None:
+        """Re-derive one task from its messages; journal it if anything changed."""
+        stored = self.store.lookup(task_id)
+        if stored is None:
+            return
+        if is_terminal(stored.state):
+            self.arm_deadlines(stored)
+            return
+        task = self._compose(stored)
+        if task is None and task_id not in self._dirty:
+            self.arm_deadlines(stored)
+            return
+        task = task or copy_task(stored.task)
+        self.save(task, stored.owner, stored.refs)
+        new = self.store.lookup(task_id)
+        if new is not None:
+            if is_terminal(new.state):
+                self.receiver.admission.release_task(task_id)
+            self.arm_deadlines(new)
+        event = self._changed.pop(task_id, None)
+        if event is not None:
+            event.set()
+
+    def save(self, task: pb.Task, owner: str, refs: Sequence[str]) -> None:
+        try:
+            self.store.put(task, owner=owner, refs=refs)
+            self._dirty.discard(task.id)
+        except JournalError as exc:
+            # The receiver's message records are the source of truth and are durable; the
+            # task is re-derived from them on restore. Serve the new state, retry the record.
+            log.error("task %s: journal refused the task record (%s); kept in memory",
+                      task.id, exc)
+            self.store.put(task, owner=owner, refs=refs, durable=False)
+            self._dirty.add(task.id)
+        except (IllegalTransition, TaskStoreError):
+            log.exception("task %s: refusing an illegal task change", task.id)
+
+    def _compose(self, stored: StoredTask) -> pb.Task | None:
+        """The task as its messages now say it is, or ``None`` if nothing changed."""
+        entries = [self.receiver.entries.get(mid) for mid in stored.refs]
+        latest = entries[-1] if entries else None
+        if latest is None:
+            return None
+        d = derive([e for e in entries if e is not None], latest, stored.state)
+        task = copy_task(stored.task)
+        task.status.state = wire_state(d.target)
+        task.ClearField("metadata")
+        task.metadata.update(d.metadata)
+        task.status.ClearField("message")
+        if d.status_text is not None:
+            status = pb.Message(
+                message_id=str(uuid.uuid5(NAMESPACE, f"{task.id}:{d.target.value}:"
+                                                      f"{d.about.message_id}")),
+                context_id=task.context_id, task_id=task.id, role=pb.ROLE_AGENT,
+                parts=[pb.Part(text=d.status_text)])
+            if d.answered:
+                status.metadata.update({wire.IN_REPLY_TO: d.about.message_id})
+                if not any(h.message_id == status.message_id for h in task.history):
+                    task.history.append(status)
+            task.status.message.CopyFrom(status)
+        before = copy_task(stored.task)
+        before.status.ClearField("timestamp")
+        task.status.ClearField("timestamp")
+        if task == before:
+            return None
+        stamp(task, self.receiver.clock())
+        return task
+
+    def settled(self, task_id: str) -> bool:
+        """Whether a default-wait SendMessage may answer now."""
+        stored = self.store.lookup(task_id)
+        if stored is None or is_terminal(stored.state):
+            return True
+        latest = stored.refs[-1] if stored.refs else None
+        if latest in self.lane.errors:
+            return True
+        entries = [self.receiver.entries.get(mid) for mid in stored.refs]
+        if any(e is not None and e.ask is AskState.OPEN for e in entries):
+            return False
+        last = entries[-1] if entries else None
+        return last is not None and last.state is M.UNKNOWN
+
+    def arm_deadlines(self, stored: StoredTask) -> None:
+        """Arm the lane's timer for each open ask of the task, disarm the others."""
+        if not self.expire_asks:
+            return
+        for mid in stored.refs:
+            entry = self.receiver.entries.get(mid)
+            deadline = self._ask_deadlines.get(mid)
+            if entry is None or entry.ask is not AskState.OPEN or deadline is None:
+                self.lane.disarm(mid)
+                if entry is not None and entry.ask not in (None, AskState.OPEN):
+                    self._ask_deadlines.pop(mid, None)
+                continue
+            if self.lane.is_armed(mid) or self.stopping:
+                continue
+            self.lane.arm(mid, deadline)
+
+    def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
+                resumable: Sequence[Entry] | None = None) -> list[Entry]:
+        """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
+
+        ``records`` default to ``receiver.journal.replay()``. ``resumable`` is what
+        ``receiver.restore(records)`` returned; if it is ``None`` this method restores the
+        receiver itself (so call it exactly once per receiver, here or by the owner).
+
+        Terminal tasks older than the retention window are dropped, open ones kept; outcomes
+        the receiver journaled after a task's last record are applied; A2A first messages
+        still ``submitted`` are re-run from policy, dispatch included, in the lane; open asks
+        get their deadline timers back.
+        """
+        recs = list(records) if records is not None else self.receiver.journal.replay().records
+        self.store.load(recs, now=self.receiver.clock(),
+                        retention_seconds=self.retention_seconds)
+        if resumable is None:
+            resumable = self.receiver.restore(recs)
+        bodies = self._scan_records(recs)
+        for stored in self.store.all():
+            task = copy_task(stored.task)
+            del task.history[:]
+            task.history.extend(rebuilt_history(stored, bodies, self.receiver))
+            self.store.put(task, owner=stored.owner, refs=stored.refs, durable=False)
+            if not is_terminal(stored.state):
+                self.receiver.admission.pending_tasks.add(stored.task.id)
+        for entry in resumable:
+            if self.store.task_for_message(entry.message_id) is None:
+                self._adopt(entry, bodies.get(entry.message_id))
+        for stored in self.store.all():
+            self.apply(stored.task.id)
+        resumed = [e for e in resumable if self.store.task_for_message(e.message_id)]
+        for entry in resumed:
+            self.lane.submit(entry, resume=True)
+        # Asks whose deadline passed while we were down expire now (or at start).
+        for stored in self.store.open_tasks():
+            self.arm_deadlines(stored)
+        return resumed
+
+    def _scan_records(self, recs: Sequence[Mapping[str, Any]]) -> dict[str, Message]:
+        """Message bodies (to rebuild histories) and open asks' deadlines, from the journal."""
+        bodies: dict[str, Message] = {}
+        for rec in recs:
+            if rec.get("subject") == "message" and rec.get("state") == M.SUBMITTED.value:
+                msg = message_from_record(rec)
+                if msg is not None:
+                    bodies[msg.message_id] = msg
+            elif rec.get("subject") == "ask" and rec.get("state") == AskState.OPEN.value:
+                deadline = rec.get("deadline_at")
+                if isinstance(rec.get("id"), str) and isinstance(deadline, int | float):
+                    self._ask_deadlines[str(rec["id"])] = float(deadline)
+        return bodies
+
+    def _adopt(self, entry: Entry, msg: Message | None) -> None:
+        """A first message journaled before its task record (a crash in between): its task."""
+        owner = entry.sender.agent_id
+        if msg is None or owner is None:
+            return
+        task_id = msg.task_id or str(uuid.uuid4())
+        context_id = msg.context_id or str(uuid.uuid4())
+        task = pb.Task(id=task_id, context_id=context_id,
+                       status=pb.TaskStatus(state=wire_state(T.SUBMITTED)),
+                       history=[history_message(msg, task_id, context_id)])
+        stamp(task, self.receiver.clock())
+        self.save(task, owner, [entry.message_id])
+        self.receiver.admission.pending_tasks.add(task_id)
+
+
+# -- derivation (pure) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Derived:
+    target: TaskState
+    metadata: dict[str, Any]
+    #: The message the status speaks about (the answered ask, else the latest message).
+    about: Entry
+    answered: bool
+    status_text: str | None
+
+
+def derive(entries: Sequence[Entry], latest: Entry, current: TaskState) -> Derived:
+    """A task's state and ``crosstalk.*`` metadata from its messages' receiver entries."""
+    answered = next((e for e in entries if e.ask is AskState.ANSWERED), None)
+    open_ask = any(e.ask is AskState.OPEN for e in entries)
+    completion: str | None = None
+    status_text: str | None = None
+    reason = latest.reason
+    if answered is not None:
+        target, completion = T.COMPLETED, wire.COMPLETION_ANSWERED
+        status_text = answered.reply_text or ""
+    else:
+        target = target_state(latest, open_ask=open_ask)
+        if target is T.COMPLETED:
+            completion = wire.COMPLETION_DELIVERED
+        if latest.kind == Kind.ASK.value and latest.ask in (AskState.EXPIRED, AskState.CLOSED):
+            reason = f"ask_{latest.ask.value}"
+        if target in (T.REJECTED, T.FAILED):
+            status_text = f"{latest.state.value}: {reason or 'no reason given'}"
+    if target is T.REJECTED and current is not T.SUBMITTED:
+        target = T.FAILED  # only a task that never started may be "rejected"
+    if target is T.SUBMITTED and current is not T.SUBMITTED:
+        target = current  # a pending continuation does not move a task back
+    meta: dict[str, Any] = {wire.MESSAGE_ID: latest.message_id,
+                            wire.STATE: latest.state.value, wire.TASK_KIND: latest.kind}
+    if reason:
+        meta[wire.REASON] = reason
+    if completion:
+        meta[wire.COMPLETION] = completion
+    about = answered or latest
+    if about.ask is not None:
+        meta[wire.ASK] = about.ask.value
+    return Derived(target, meta, about, answered is not None, status_text)
+
+
+def target_state(entry: Entry, *, open_ask: bool = False) -> TaskState:
+    """The task state one message's receiver state implies (ADR 0004 table)."""
+    s = entry.state
+    if s is M.SUBMITTED:
+        return T.SUBMITTED
+    if s is M.CANCELED:
+        return T.CANCELED
+    if s is M.DISPATCHING or open_ask or s is M.UNKNOWN:
+        return T.WORKING
+    if s in (M.ACCEPTED, M.QUEUED):
+        if entry.kind == Kind.ASK.value:
+            if entry.ask in (AskState.EXPIRED, AskState.CLOSED):
+                return T.FAILED
+            return T.WORKING if entry.ask is not AskState.ANSWERED else T.COMPLETED
+        return T.COMPLETED
+    if s is M.REJECTED:
+        return T.REJECTED
+    return T.FAILED  # unreachable (recovered/bounced never belong to an A2A task)
+
+
+def stamp(task: pb.Task, now: float) -> None:
+    task.status.timestamp.FromNanoseconds(int(now * 1_000_000_000))
+
+
+def history_message(msg: Message, task_id: str, context_id: str) -> pb.Message:
+    out = pb.Message(message_id=msg.message_id, context_id=context_id, task_id=task_id,
+                     role=pb.ROLE_USER, parts=[pb.Part(text=msg.text)])
+    out.metadata.update(wire.encode_request_metadata(
+        kind=msg.kind.value, delivery=msg.delivery.value,
+        deadline_seconds=msg.deadline_seconds, in_reply_to=msg.in_reply_to,
+        hop_chain=list(msg.hop_chain)))
+    return out
+
+
+def rebuilt_history(stored: StoredTask, bodies: Mapping[str, Message],
+                     receiver: Receiver) -> list[pb.Message]:
+    out: list[pb.Message] = []
+    for mid in stored.refs:
+        body = bodies.get(mid)
+        if body is not None:
+            out.append(history_message(body, stored.task.id, stored.task.context_id))
+        else:
+            out.append(pb.Message(message_id=mid, context_id=stored.task.context_id,
+                                  task_id=stored.task.id, role=pb.ROLE_USER))
+    status = stored.task.status
+    if status.HasField("message") and status.message.role == pb.ROLE_AGENT and any(
+            (receiver.entries.get(m) is not None
+             and receiver.entries[m].ask is AskState.ANSWERED) for m in stored.refs):
+        out.append(status.message)
+    return out
+
+
+def inbound_copy(msg_in: pb.Message, task_id: str, context_id: str) -> pb.Message:
+    msg = pb.Message()
+    msg.CopyFrom(msg_in)
+    msg.task_id = task_id
+    msg.context_id = context_id
+    if not msg.role:
+        msg.role = pb.ROLE_USER
+    return msg

@@ -1,0 +1,145 @@
+"""The reply: a staged transaction (seed R4-R8) — obligation, answer the ask, forward.
+
+One reply per inbound message (R4). Each stage is journaled before the next, so a crash
+resumes from its stage (:func:`resume_reply`) instead of answering twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from crosstalk.core.ids import new_message_id
+from crosstalk.core.states import AskState, MessageState, ReplyState
+from crosstalk.receiver import Entry
+from crosstalk.store.journal import JournalError
+from crosstalk.store.registry import RegistryError
+
+if TYPE_CHECKING:
+    from crosstalk.agent.core import Agent
+
+log = logging.getLogger(__name__)
+_SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
+
+
+class ReplyRefused(Exception):
+    """A reply the reply tool must refuse, with the contract's reason."""
+
+    def __init__(self, reason: str, hint: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.hint = reason, hint
+
+
+def reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each answered inbound message's reply (id, text, to, stage, result), from the journal."""
+    replies: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("subject") != "reply" or not isinstance(rec.get("id"), str):
+            continue
+        if rec.get("state") == ReplyState.PENDING.value:
+            replies[rec["id"]] = {"reply_id": rec.get("reply_id"), "text": rec.get("text"),
+                                  "to": rec.get("to"), "state": "pending", "result": {}}
+        elif rec["id"] in replies:
+            replies[rec["id"]].update(state=rec.get("state"), result=rec.get("result") or {})
+    return replies
+
+
+async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
+    """Answer an inbound message: obligation -> complete the ask -> forward to the asker.
+
+    One reply per inbound message (R4): a repeat with the same text returns the first
+    result; a different text is ``already_replied``. Each stage is journaled before the
+    next, so a crash resumes from its stage instead of answering twice.
+    """
+    if agent.receiver is None or agent.journal is None:
+        raise RegistryError("agent is not registered")
+    entry = agent.receiver.entries.get(message_id)
+    if entry is None or entry.state not in (MessageState.ACCEPTED, MessageState.QUEUED):
+        raise ReplyRefused("no_such_message", "no delivered inbound message has that id; "
+                           "see receive_message, or use send_message")
+    if not entry.sender.verified or entry.sender.agent_id is None:
+        raise ReplyRefused("sender_unverified", "the sender is not a registered agent; "
+                           "answer with send_message if you know who it is")
+    prior = agent.reply_states.get(message_id)
+    ask = ask_entry(agent, message_id)
+    if prior is not None:
+        if prior["text"] != text:
+            raise ReplyRefused("already_replied", "this message was already answered")
+        if prior["state"] != ReplyState.PENDING.value:
+            return dict(prior["result"])
+    elif ask is not None and ask.ask in (AskState.EXPIRED, AskState.CLOSED):
+        raise ReplyRefused("ask_closed", "the ask's deadline passed or it was closed; "
+                           "send_message reaches the asker if it still matters")
+    elif ask is not None and ask.ask is AskState.ANSWERED:
+        # Answered through another message of its task (R6): one answer per ask.
+        raise ReplyRefused("already_replied", "this ask was already answered")
+    elif ask is None and not entry.route_open(agent.clock()):
+        raise ReplyRefused("ask_closed", "an inform can be answered with reply for an "
+                           "hour after it arrived; use send_message now")
+    else:
+        prior = {"reply_id": new_message_id(), "text": text, "to": entry.sender.agent_id,
+                 "state": ReplyState.PENDING.value, "result": {}}
+        try:
+            agent.journal.append({"subject": "reply", "id": message_id, "state": "pending",
+                                 "reply_id": prior["reply_id"], "text": text,
+                                 "to": entry.sender.agent_id, "refs": [message_id]})
+        except JournalError:
+            raise ReplyRefused("journal_unavailable", "the reply could not be recorded; "
+                               "nothing was sent, try again") from None
+        agent.reply_states[message_id] = prior
+    return await complete_reply(agent, message_id, prior)
+
+
+async def complete_reply(agent: Agent, message_id: str, prior: dict[str, Any]) -> dict[str, Any]:
+    """The stages after the obligation: answer the ask (completes its task), forward."""
+    assert agent.receiver is not None
+    ask = ask_entry(agent, message_id)
+    if ask is not None and ask.ask is AskState.OPEN:
+        agent.receiver.close_ask(ask.message_id, AskState.ANSWERED, prior["text"])
+    return await forward_reply(agent, message_id, str(prior["to"]), prior)
+
+
+def ask_entry(agent: Agent, message_id: str) -> Entry | None:
+    """The ask a reply to ``message_id`` answers: that message's own, or, for a
+    continuation of an ask's task, the ask that opened it (R6)."""
+    if agent.receiver is None:
+        return None
+    ask_id = agent.a2a.ask_of(message_id) if agent.a2a is not None else None
+    if ask_id is None:
+        return None
+    entry = agent.receiver.entries.get(ask_id)
+    this = agent.receiver.entries.get(message_id)
+    if entry is None or this is None or entry.sender.agent_id != this.sender.agent_id:
+        return None  # only the asker's own continuations answer for its ask
+    return entry
+
+
+async def resume_reply(agent: Agent, message_id: str, prior: dict[str, Any]) -> None:
+    try:
+        await complete_reply(agent, message_id, prior)
+    except Exception:
+        log.exception("agent %s: resuming the reply to %s failed", agent.agent_id,
+                      message_id)
+
+
+async def forward_reply(agent: Agent, message_id: str, to_agent: str,
+                         prior: dict[str, Any]) -> dict[str, Any]:
+    assert agent.journal is not None
+    res = await agent.send(to_agent, prior["text"], message_id=prior["reply_id"],
+                          in_reply_to=message_id)
+    gone = res.reason in ("no_such_agent", "ambiguous_name")  # the asker is no more
+    state = (ReplyState.FORWARDED if res.state in ("accepted", "queued")
+             else ReplyState.UNREACHABLE if res.state in ("unreachable", "rejected") or gone
+             else ReplyState.PENDING)
+    result = {"message_id": prior["reply_id"], "state": res.state if res.state in
+              _SEND_STATES else "unknown", "reason": res.reason, "in_reply_to": message_id}
+    if state is not ReplyState.PENDING:
+        try:
+            agent.journal.append({"subject": "reply", "id": message_id,
+                                 "state": state.value, "result": result})
+        except JournalError:
+            # Forwarded, but not recorded: a resume re-sends with the same reply id, and
+            # the asker's receiver answers that retry from its dedupe record.
+            log.warning("agent %s: reply outcome not journaled", agent.agent_id)
+    prior.update(state=state.value, result=result)
+    return result

@@ -1,0 +1,63 @@
+"""The uds ingress's files: its private directory and its socket path (a stale socket left by a
+crash is replaced; a live one, or anything that is not a socket, is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from pathlib import Path
+
+from crosstalk.config import PRIVATE_DIR_MODE
+
+
+class IngressError(RuntimeError):
+    """The ingress cannot start safely (directory not private, path in use, path too long)."""
+
+
+# -- frames (pure) -----------------------------------------------------------------------------
+
+
+def private_dir(directory: Path) -> None:
+    """Create the socket directory 0700, or refuse one that is not ours or not private."""
+    try:
+        directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(directory, PRIVATE_DIR_MODE)  # mkdir's mode is filtered by the umask
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise IngressError(f"{directory} is not a directory")
+    if st.st_uid != os.getuid():
+        raise IngressError(f"{directory} is owned by uid {st.st_uid}, not by us")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise IngressError(f"{directory} is not private (mode {stat.S_IMODE(st.st_mode):o}); "
+                           "the socket directory must be mode 0700")
+
+
+def clear_stale_socket(path: Path) -> None:
+    """Remove a dead socket left by a crash; refuse a live one or a non-socket file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise IngressError(f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(os.fspath(path))
+    except ConnectionRefusedError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise IngressError(f"cannot tell whether {path} is in use: {exc}") from exc
+    finally:
+        probe.close()
+    raise IngressError(f"another process is listening on {path}")
