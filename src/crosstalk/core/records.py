@@ -29,7 +29,7 @@ message is that message: :meth:`MessageSubmitted.message` rebuilds what the rece
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
@@ -110,14 +110,17 @@ def _id(raw: Json) -> str:
 _S = TypeVar("_S", MessageState, AskState, ReplyState, ClaimStatus, TaskState)
 
 
+_BY_VALUE: dict[type, Mapping[str, Any]] = {
+    e: {m.value: m for m in e} for e in (MessageState, AskState, ReplyState, ClaimStatus,
+                                         TaskState)}
+
+
 def _state(raw: Json, states: type[_S]) -> _S:
     state = raw.get("state")
-    try:
-        if isinstance(state, str):
-            return states(state)
-    except ValueError:
-        pass
-    raise _Bad(f"state {state!r} is not a {states.__name__}")
+    found: _S | None = _BY_VALUE[states].get(state) if isinstance(state, str) else None
+    if found is None:
+        raise _Bad(f"state {state!r} is not a {states.__name__}")
+    return found
 
 
 # -- the sender, as records carry it ---------------------------------------------------------
@@ -614,16 +617,17 @@ def parse_record(raw: Json) -> Record | Unreadable:
         record = parser(raw)
     except _Bad as exc:
         return Unreadable(raw, str(exc), kind)
-    return _stamped(record, raw)
+    _stamp(record, raw)
+    return record
 
 
-def _stamped(record: Record, raw: Json) -> Record:
-    seq, ts = _int(raw, "seq"), raw.get("ts")
-    # ts is read like retention reads it (any JSON number), so both agree on a record's age.
-    stamp = float(ts) if isinstance(ts, int | float) else None
-    if seq is None and stamp is None:
-        return record
-    return replace(record, seq=seq, ts=stamp)
+def _stamp(record: Record, raw: Json) -> None:
+    """Give a record just parsed its journal ``seq`` and ``ts`` (set in place: it is not
+    shared yet, and ``dataclasses.replace`` would build every record twice on replay).
+    ``ts`` is read as retention reads it (any JSON number), so both agree on its age."""
+    ts = raw.get("ts")
+    object.__setattr__(record, "seq", _int(raw, "seq"))
+    object.__setattr__(record, "ts", float(ts) if isinstance(ts, int | float) else None)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 from crosstalk.core.message import Kind
 
@@ -201,11 +202,11 @@ class Machine:
     #: A record may repeat the current state without a transition (a task's metadata save).
     repeatable: bool = False
 
-    @property
+    @cached_property
     def initial(self) -> frozenset[str]:
         return _targets(self.starts.values())
 
-    @property
+    @cached_property
     def edges(self) -> Mapping[str, frozenset[str]]:
         return {s: _targets(row.values()) for s, row in self.events.items()}
 
