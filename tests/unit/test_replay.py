@@ -204,3 +204,43 @@ def anyio_backend() -> str:
 
 
 pytestmark = pytest.mark.anyio
+
+
+def test_a_journal_in_the_shapes_older_writers_use_replays_clean() -> None:
+    """The dict literals agent.py, a2a/taskstore.py and mcp_tools.py write today."""
+    binding = BINDING.as_record()
+    records = numbered(
+        submitted("m1", 0, Kind.ASK), change("m1", M.DISPATCHING, 0),
+        change("m1", M.ACCEPTED, 0),
+        {"subject": "ask", "id": "m1", "state": "open", "deadline_at": None,
+         "sender": ALICE.key, "refs": ["t1"]},
+        {"type": "task", "subject": "task", "id": "t1", "state": "submitted", "owner": "o",
+         "refs": ["m1"], "task": {"id": "t1"}},
+        {"type": "task", "subject": "task", "id": "t1", "state": "working", "owner": "o",
+         "refs": ["m1"], "task": {"id": "t1"}},
+        {"type": "receipt", "id": "m1", "status": "delivered", "reason": None},
+        {"subject": "reply", "id": "m1", "state": "pending", "reply_id": "r1", "text": "noon",
+         "to": ALICE.agent_id, "refs": ["m1"]},
+        {"subject": "ask", "id": "m1", "state": "answered", "reply": "noon"},
+        {"subject": "reply", "id": "m1", "state": "forwarded",
+         "result": {"message_id": "r1", "state": "accepted", "reason": None,
+                    "in_reply_to": "m1"}},
+        {"type": "task", "subject": "task", "id": "t1", "state": "completed", "owner": "o",
+         "refs": ["m1"], "task": {"id": "t1"}},
+        {"type": "claim", "subject": "claim", "id": "me", "state": "claimed", "owner": "o",
+         "by": "o", "by_name": "owner", "op": "claim", "previous": None, "binding": binding},
+        {"type": "claim", "subject": "claim", "id": "me", "state": "released", "owner": None,
+         "by": "o", "by_name": "owner", "op": "release", "previous": "o", "binding": binding},
+        {"type": "native_send", "id": "n1", "to": "claude:1", "to_name": "b",
+         "state": "dispatching"},
+        {"type": "native_send", "id": "n1", "to": "claude:1", "state": "queued",
+         "reason": None},
+        {"type": "nudge", "peer": "p", "count": 30},
+        {"type": "task_deleted", "id": "t1", "refs": ["m1"]},
+    )
+    folded = fold(records)
+    assert folded.violations == []
+    assert folded.unreadable == []
+    assert folded.state("claim", "me") == "released"
+    assert folded.state("native_send", "n1") == "queued"
+    assert folded.state("task", "t1") is None, "deleted"
