@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.states import (
@@ -88,7 +88,9 @@ def _map(raw: Json, key: str) -> Json | None:
 
 def _strs(raw: Json, key: str) -> tuple[str, ...]:
     v = raw.get(key)
-    return tuple(r for r in v if isinstance(r, str)) if isinstance(v, list | tuple) else ()
+    if not v or not isinstance(v, list | tuple):
+        return ()
+    return tuple([r for r in v if isinstance(r, str)])
 
 
 def _opt(out: dict[str, Any], key: str, value: object) -> None:
@@ -123,6 +125,13 @@ def _state(raw: Json, states: type[_S]) -> _S:
     return found
 
 
+def _claimed(raw: Json) -> dict[str, str]:
+    claimed = _map(raw, "claimed")
+    if not claimed:
+        return {}
+    return {k: v for k, v in claimed.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 # -- the sender, as records carry it ---------------------------------------------------------
 
 
@@ -148,7 +157,7 @@ def sender_from_dict(raw: object) -> Sender:
 # -- the records ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Record:
     """One journal record. ``seq``/``ts`` are set on records read back from the journal."""
 
@@ -168,7 +177,7 @@ class Record:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StateRecord(Record):
     """A record that reports the state of one subject (``subject``, ``id``) of a machine."""
 
@@ -179,7 +188,7 @@ class StateRecord(Record):
 # message ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MessageSubmitted(StateRecord):
     """A message admitted by the receiver: its first record, with everything it carried."""
 
@@ -251,13 +260,12 @@ class MessageSubmitted(StateRecord):
             continuation=bool(raw.get("continuation")),
             deadline_seconds=int(deadline) if isinstance(deadline, int | float) else 0,
             hop_chain=_strs(raw, "hop_chain"), native=bool(raw.get("native")),
-            claimed={k: v for k, v in (_map(raw, "claimed") or {}).items()
-                     if isinstance(k, str) and isinstance(v, str)},
+            claimed=_claimed(raw),
             sent_at=_number(raw, "sent_at"), binding=_map(raw, "binding"),
             refs=_strs(raw, "refs"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MessageFinal(StateRecord):
     """A message that ends on arrival (``rejected`` by a check, or ``bounced``): its first
     and last record, with who sent it."""
@@ -293,7 +301,7 @@ class MessageFinal(StateRecord):
                    text=_str(raw, "text"), in_reply_to=_str(raw, "in_reply_to"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MessageChange(StateRecord):
     """A later state of a message: the new state, why, and the harness's evidence."""
 
@@ -329,7 +337,7 @@ def _parse_message(raw: Json) -> MessageRecord:
 # ask ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AskOpened(StateRecord):
     """The reply obligation a delivered ask opens (journaled in its message's outcome write)."""
 
@@ -350,7 +358,7 @@ class AskOpened(StateRecord):
                    sender_key=_str(raw, "sender"), refs=_strs(raw, "refs"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AskEnded(StateRecord):
     """An obligation answered (with the reply's text), expired or closed."""
 
@@ -377,7 +385,7 @@ def _parse_ask(raw: Json) -> AskOpened | AskEnded:
 # reply --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReplyStaged(StateRecord):
     """A reply to inbound message ``id``, journaled before it is forwarded (seed R4-R8)."""
 
@@ -399,7 +407,7 @@ class ReplyStaged(StateRecord):
                    to=_str(raw, "to"), refs=_strs(raw, "refs"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReplyEnded(StateRecord):
     """A staged reply forwarded, or definitely unreachable; ``result`` is what the reply tool
     returned (message_id, state, reason, in_reply_to)."""
@@ -426,7 +434,7 @@ def _parse_reply(raw: Json) -> ReplyStaged | ReplyEnded:
 # claim, task --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClaimRecord(StateRecord):
     """A claim or release of this agent (seed §7); ``id`` is the agent's own id."""
 
@@ -451,7 +459,7 @@ class ClaimRecord(StateRecord):
                    previous=_str(raw, "previous"), binding=_map(raw, "binding"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TaskRecord(StateRecord):
     """An A2A task save (ADR 0004): ``task`` is the task as ``MessageToDict`` without history."""
 
@@ -472,7 +480,7 @@ class TaskRecord(StateRecord):
                    refs=_strs(raw, "refs"), task=_map(raw, "task"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TaskDeleted(Record):
     """A task removed through the SDK's ``TaskStore.delete``."""
 
@@ -491,7 +499,7 @@ class TaskDeleted(Record):
 # receipt, native send, nudge ----------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReceiptRecord(Record):
     """What a harness said after taking message ``id`` (Claude's peer_message_status)."""
 
@@ -516,7 +524,7 @@ class ReceiptRecord(Record):
         return cls(id=_id(raw), status=status, reason=_str(raw, "reason"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NativeSendAttempted(StateRecord):
     """An inform this agent is about to put into a session without CrossTalk."""
 
@@ -531,7 +539,7 @@ class NativeSendAttempted(StateRecord):
                 "state": self.state.value}
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NativeSendEnded(StateRecord):
     """The outcome of a native send."""
 
@@ -553,7 +561,7 @@ def _parse_native_send(raw: Json) -> NativeSendAttempted | NativeSendEnded:
                            reason=_str(raw, "reason"))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NudgeRecord(Record):
     """A nudge fired: ``count`` sends to ``peer`` so far (:mod:`crosstalk.core.nudge`)."""
 
@@ -630,10 +638,10 @@ def _stamp(record: Record, raw: Json) -> None:
     object.__setattr__(record, "ts", float(ts) if isinstance(ts, int | float) else None)
 
 
-@dataclass(frozen=True)
-class Links:
+class Links(NamedTuple):
     """What every record may carry for retention, read the same way for every kind: the
-    state report (``subject``, ``id``, ``state``), the ids it names, its age (ADR 0002)."""
+    state report (``subject``, ``id``, ``state``), the ids it names, its age (ADR 0002).
+    A tuple: retention builds one per record of the whole journal."""
 
     subject: str | None
     id: str | None
@@ -647,7 +655,13 @@ class Links:
 
 
 def links(raw: Json) -> Links:
-    ts = raw.get("ts")
-    return Links(subject=kind_of(raw), id=_str(raw, "id"), state=_str(raw, "state"),
-                 refs=_strs(raw, "refs") if isinstance(raw.get("refs"), list) else (),
+    kind, rid, state, refs, ts = (raw.get(KEY), raw.get("id"), raw.get("state"),
+                                  raw.get("refs"), raw.get("ts"))
+    if not isinstance(kind, str):
+        kind = raw.get(LEGACY_KEY)
+    return Links(subject=kind if isinstance(kind, str) else None,
+                 id=rid if isinstance(rid, str) else None,
+                 state=state if isinstance(state, str) else None,
+                 refs=tuple([r for r in refs if isinstance(r, str)])
+                 if refs and isinstance(refs, list) else (),
                  ts=float(ts) if isinstance(ts, int | float) else None)

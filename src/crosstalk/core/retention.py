@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from crosstalk.core.records import links
+from crosstalk.core.records import Links, links
 from crosstalk.core.states import is_unresolved
 
 Record = Mapping[str, Any]
@@ -33,9 +33,12 @@ def record_ids(record: Record) -> list[str]:
 
 def unresolved_ids(records: Iterable[Record]) -> set[str]:
     """Ids whose latest journaled state (per subject kind) is unresolved."""
+    return _unresolved(links(rec) for rec in records)
+
+
+def _unresolved(all_links: Iterable[Links]) -> set[str]:
     latest: dict[tuple[str, str], str] = {}
-    for rec in records:
-        link = links(rec)
+    for link in all_links:
         if link.subject is not None and link.id is not None and link.state is not None:
             latest[(link.subject, link.id)] = link.state
     return {rid for (subject, rid), state in latest.items() if is_unresolved(subject, state)}
@@ -61,16 +64,16 @@ class _UnionFind:
 
 def plan(records: Sequence[Record], now: float, max_age: float) -> list[bool]:
     """For each record, whether it is kept. Records without a numeric ``ts`` are kept."""
+    all_links = [links(rec) for rec in records]
     uf = _UnionFind()
-    for rec in records:
-        ids = record_ids(rec)
+    for link in all_links:
+        ids = link.ids()
         for other in ids[1:]:
             uf.union(ids[0], other)
-    roots = {uf.find(i) for i in unresolved_ids(records)}
+    roots = {uf.find(i) for i in _unresolved(all_links)}
     cutoff = now - max_age
     keep: list[bool] = []
-    for rec in records:
-        link = links(rec)
+    for link in all_links:
         young = link.ts is None or link.ts >= cutoff
         needed = any(uf.find(i) in roots for i in link.ids())
         keep.append(young or needed)
