@@ -46,7 +46,13 @@ from crosstalk.receiver import (
     Result,
     message_record,
 )
-from crosstalk.store.journal import Journal, JournalError, OsFileOps, read_journal
+from crosstalk.store.journal import (
+    Journal,
+    JournalError,
+    OsFileOps,
+    audit_journal,
+    read_journal,
+)
 
 M = MessageState
 
@@ -1244,6 +1250,13 @@ class ReceiverMachine(RuleBasedStateMachine):
             for res in s.results:
                 if res.state in (M.ACCEPTED, M.QUEUED):
                     assert (res.message_id, res.state.value) in on_disk, res
+
+    @invariant()
+    def the_journal_is_a_legal_sequence(self) -> None:
+        """Whatever faults and crashes did, the table accepts every record on disk, and a
+        restart adopted all of them."""
+        assert audit_journal(self.rig.path) == []
+        assert self.rig.receiver.replay_violations == []
 
     @invariant()
     def nothing_in_flight_at_rest(self) -> None:
