@@ -16,10 +16,12 @@ from crosstalk.a2a.server import _derive, _target_state
 from crosstalk.core.message import Kind, Sender
 from crosstalk.core.states import (
     AskState,
-    Completion,
     MessageState,
-    TaskMessage,
     TaskState,
+)
+from crosstalk.core.tasks import (
+    Completion,
+    TaskMessage,
     derive_task,
     task_state_for,
 )
