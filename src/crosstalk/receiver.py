@@ -19,6 +19,11 @@ Rules this module enforces, and why:
 - **Admission rejects, never evicts.** Limit breaches are transient rejections that leave no
   dedupe record (a later retry may pass); policy, hop and size rejections are deterministic and
   are journaled, so a retry gets the same answer.
+- **Every state write asks the table.** Each journaled move is an event of
+  :mod:`crosstalk.core.states` (:meth:`Receiver.apply_event`), first records included.
+
+What the receiver holds per message is :mod:`crosstalk.inbound`; its restart is
+:mod:`crosstalk.recovery`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from crosstalk import recovery
 from crosstalk.core.admission import Admission, Limits
 from crosstalk.core.hops import check_hop_chain, hop_token
 from crosstalk.core.ids import new_message_id
@@ -41,11 +47,10 @@ from crosstalk.core.records import (
     AskOpened,
     MessageChange,
     MessageFinal,
-    MessageRecord,
     MessageSubmitted,
     parse_record,
 )
-from crosstalk.core.replay import Folder, Violation
+from crosstalk.core.replay import Violation
 from crosstalk.core.states import (
     ASK_EVENT_FOR,
     NATIVE_ANSWERABLE,
@@ -62,69 +67,16 @@ from crosstalk.core.states import (
     releases_ask_slot,
 )
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
+from crosstalk.inbound import Entry, Listener, ReceiverUnavailable, Result
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 
 M = MessageState
 ME = MessageEvent
 log = logging.getLogger(__name__)
 
-
-#: How long ``reply`` may answer an inform after it arrived (seed R7: inform routes expire).
-INFORM_ROUTE_SECONDS = 3600.0
-
-
-class ReceiverUnavailable(Exception):
-    """The journal refused a write before acceptance: the message was not accepted."""
-
-
-@dataclass(frozen=True)
-class Result:
-    message_id: str
-    state: MessageState
-    reason: str | None = None
-    duplicate: bool = False
-    evidence: str | None = None
-
-
-@dataclass
-class Entry:
-    """What this receiver knows about one inbound message."""
-
-    message_id: str
-    sender: Sender
-    kind: str
-    state: MessageState
-    ingress: str
-    reason: str | None = None
-    task_id: str | None = None
-    continuation: bool = False
-    binding: dict[str, Any] | None = None
-    #: Present while the message may still be dispatched (in flight or resumable).
-    message: Message | None = None
-    ask: AskState | None = None
-    reply_text: str | None = None
-    evidence: str | None = None
-    #: An ask's deadline, kept so a reply obligation can still be opened after dispatch (a
-    #: late ``resolve`` of an unknown ask).
-    deadline_seconds: int = 0
-    #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
-    #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
-    stalled: bool = False
-    #: When the message was admitted (journal time): an inform's reply route lasts an hour.
-    arrived_at: float | None = None
-
-    def route_open(self, now: float) -> bool:
-        """Whether ``reply`` may still answer it (R7): an ask while open; an inform for
-        :data:`INFORM_ROUTE_SECONDS` after it arrived."""
-        if self.ask is not None:
-            return self.ask is AskState.OPEN
-        return self.arrived_at is None or now - self.arrived_at <= INFORM_ROUTE_SECONDS
-
-    def result(self, *, duplicate: bool = False) -> Result:
-        return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
-
-
-Listener = Callable[[Entry], None]
+#: The receiver's view of a message lives in :mod:`crosstalk.inbound`; callers import it here.
+__all__ = ["Entry", "Listener", "Receiver", "ReceiverUnavailable", "Result",
+           "message_from_record", "message_record"]
 
 
 def message_record(msg: Message, binding: Binding | None) -> dict[str, Any]:
@@ -298,13 +250,13 @@ class Receiver:
             return entry.result()  # canceled (or already dispatched) while waiting
         msg = entry.message
         if self.binding is None:
-            self._transition(entry, ME.UNDELIVERABLE, "not_bound", required=True)
+            self.apply_event(entry, ME.UNDELIVERABLE, "not_bound", required=True)
             entry.message = None
             # An unbound ask gives its admission slot back like any undelivered ask.
             self._after_outcome(entry)
             return entry.result()
         try:
-            self._transition(entry, ME.CLAIMED_FOR_DISPATCH, None, required=True)
+            self.apply_event(entry, ME.CLAIMED_FOR_DISPATCH, None, required=True)
         except ReceiverUnavailable:
             entry.stalled = True  # nothing was claimed or sent: a retry may dispatch (R1)
             raise
@@ -315,7 +267,7 @@ class Receiver:
                 outcome = Outcome(M.UNKNOWN, "malformed_harness_result")
         except asyncio.CancelledError:
             if self._claimed(entry):  # not already settled by a receipt (see below)
-                self._transition(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
+                self.apply_event(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
                                  required=False)
             raise
         except Exception as exc:  # a disconnect after the claim is ambiguous by definition
@@ -327,7 +279,7 @@ class Receiver:
             # better evidence and resolve() did the ask bookkeeping, so it stands (the table
             # has no move from a settled state for the late outcome anyway).
             return entry.result()
-        self._transition(entry, ME.INJECTED, outcome.reason, outcome=outcome.state,
+        self.apply_event(entry, ME.INJECTED, outcome.reason, outcome=outcome.state,
                          evidence=outcome.evidence, required=False,
                          ask_record=self._ask_record(entry, outcome.state))
         self._after_outcome(entry)
@@ -349,14 +301,14 @@ class Receiver:
         entry = self.entries.get(message_id)
         if entry is None or entry.state is not M.SUBMITTED:
             return False
-        self._transition(entry, ME.CANCELED, "canceled", required=True)
+        self.apply_event(entry, ME.CANCELED, "canceled", required=True)
         entry.message = None
         self._release(message_id, entry.kind)
         return True
 
     # -- state changes ---------------------------------------------------------------------
 
-    def _transition(self, entry: Entry, event: MessageEvent, reason: str | None, *,
+    def apply_event(self, entry: Entry, event: MessageEvent, reason: str | None, *,
                     required: bool, outcome: MessageState | None = None,
                     evidence: str | None = None, ask_record: AskOpened | None = None) -> None:
         """Ask the table where ``event`` leads, journal that, then apply it.
@@ -429,7 +381,7 @@ class Receiver:
         entry = self.entries[message_id]
         # Settling an unknown ask does the ask bookkeeping too: a proven delivery opens its
         # reply obligation, a definite loss frees its admission slot.
-        self._transition(entry, ME.SETTLED, reason, outcome=state, required=True,
+        self.apply_event(entry, ME.SETTLED, reason, outcome=state, required=True,
                          ask_record=self._ask_record(entry, state))
         self._after_outcome(entry)
 
@@ -458,99 +410,9 @@ class Receiver:
     # -- restart ---------------------------------------------------------------------------
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> list[Entry]:
-        """Rebuild from the journal and settle what a crash left open (seed R2).
-
-        Records are folded through the state table (:class:`~crosstalk.core.replay.Folder`):
-        a record the table does not reach from its subject's state is not adopted (the
-        subject keeps its last legal state), is logged, and is listed in
-        :attr:`replay_violations`. Returns A2A first messages still ``submitted`` in this
-        conversation: the A2A layer resumes them (re-running the chain from policy, dispatch
-        included).
-        """
-        folder = Folder()
-        for raw in records:
-            record, violation = folder.step(raw)
-            if violation is not None:
-                log.warning("receiver %s: journal record not adopted: %s", self.agent_id,
-                            violation)
-                self.replay_violations.append(violation)
-            elif isinstance(record, MessageSubmitted | MessageFinal | MessageChange):
-                self._restore_message(record)
-            elif isinstance(record, AskOpened | AskEnded):
-                self._restore_ask(record)
-        resumable: list[Entry] = []
-        for entry in self.entries.values():
-            here = self.binding is not None and self.binding.same_conversation(entry.binding)
-            if entry.state is M.DISPATCHING:
-                entry.message = None
-                self._transition(entry, ME.DISPATCH_INTERRUPTED, "interrupted_during_dispatch",
-                                 required=True)
-            elif entry.state is M.SUBMITTED:
-                self._settle_submitted(entry, here, resumable)
-            if entry.ask is AskState.OPEN:
-                if here:
-                    self.admission.open_asks.add(entry.message_id)
-                else:
-                    # Its conversation is gone: no reply can come from this one, and an open
-                    # ask kept forever would hold an admission slot and its records for good.
-                    self.end_ask(entry.message_id, AskEvent.CLOSED)
-        return resumable
-
-    def _settle_submitted(self, entry: Entry, here: bool, resumable: list[Entry]) -> None:
-        msg = entry.message
-        if entry.ingress in (Ingress.UDS.value, Ingress.LOCAL.value):
-            # uds and the shim's own notices have no task record to resume from: re-check.
-            entry.message = None
-            if msg is None or self.check(msg) is not None:
-                self._transition(entry, ME.REJECTED, "failed_recheck_after_restart",
-                                 required=True)
-            elif here:
-                self._transition(entry, ME.RECOVERED, "restart_before_dispatch", required=True)
-            else:
-                self._transition(entry, ME.UNDELIVERABLE, "bound_to_another_conversation",
-                                 required=True)
-        elif not here:
-            entry.message = None
-            self._transition(entry, ME.UNDELIVERABLE, "bound_to_another_conversation",
-                             required=True)
-        elif not entry.continuation and msg is not None:
-            resumable.append(entry)
-        # A stranded A2A continuation stays submitted: neither resumed nor surfaced (R2).
-
-    def _restore_message(self, rec: MessageRecord) -> None:
-        entry = self.entries.get(rec.id)
-        if entry is None:
-            if isinstance(rec, MessageChange):
-                # Its first record is gone (retention trimmed an old head, or a damaged
-                # line): what the state says is all there is.
-                entry = Entry(rec.id, Sender(None), "inform", rec.state, Ingress.A2A.value,
-                              reason=rec.reason, arrived_at=rec.ts)
-            else:
-                submitted = rec if isinstance(rec, MessageSubmitted) else None
-                entry = Entry(rec.id, rec.sender, rec.kind, rec.state, rec.sender.ingress.value,
-                              reason=rec.reason if isinstance(rec, MessageFinal) else None,
-                              task_id=rec.task_id,
-                              continuation=submitted is not None and submitted.continuation,
-                              binding=dict(rec.binding) if rec.binding is not None else None,
-                              message=submitted.message() if submitted is not None else None,
-                              deadline_seconds=(submitted.deadline_seconds
-                                                if submitted is not None else 0),
-                              arrived_at=rec.ts)
-            self.entries[rec.id] = entry
-            return
-        entry.state = rec.state
-        entry.reason = None if isinstance(rec, MessageSubmitted) else rec.reason
-        entry.evidence = rec.evidence if isinstance(rec, MessageChange) else None
-        if entry.state is not M.SUBMITTED:
-            entry.message = None
-
-    def _restore_ask(self, rec: AskOpened | AskEnded) -> None:
-        entry = self.entries.get(rec.id)
-        if entry is None:
-            return
-        entry.ask = rec.state
-        if isinstance(rec, AskEnded) and rec.reply is not None:
-            entry.reply_text = rec.reply
+        """Rebuild from the journal and settle what a crash left open (seed R2); see
+        :func:`crosstalk.recovery.restore`. Returns the A2A first messages to resume."""
+        return recovery.restore(self, records)
 
     async def resume(self, entry: Entry) -> Result:
         """Re-run an A2A first message from policy, dispatch included (seed R2)."""
@@ -561,7 +423,7 @@ class Receiver:
         # takes a slot like a new one, so open asks never exceed the limit.
         reason = self.check(msg) or self._reserve(msg)
         if reason is not None:
-            self._transition(entry, ME.REJECTED, reason, required=True)
+            self.apply_event(entry, ME.REJECTED, reason, required=True)
             entry.message = None  # after the write: if it fails, the resume can be retried
             return entry.result()
         return await self.dispatch(entry)
