@@ -672,6 +672,7 @@ def test_retention_keeps_open_asks_dependency_set_and_drops_the_rest(tmp_path: P
     assert len(set(seqs)) == len(seqs)
 
 
+@pytest.mark.damaged_journal  # written by hand to test what replay does with it
 def test_retention_keeps_unresolved_message_states(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     clock = Clock()
@@ -736,6 +737,7 @@ def test_retention_quarantines_damaged_lines(tmp_path: Path) -> None:
     assert len(assert_clean_file(path)) == 6
 
 
+@pytest.mark.damaged_journal  # written by hand to test what replay does with it
 def test_retention_keeps_a_batch_line_whose_batch_end_is_gone(tmp_path: Path) -> None:
     """A kept continuation line must not read as an unfinished write in the new file."""
     path = tmp_path / "j.jsonl"
@@ -759,6 +761,7 @@ def test_retention_keeps_a_batch_line_whose_batch_end_is_gone(tmp_path: Path) ->
     assert done not in read_journal(path).records
 
 
+@pytest.mark.damaged_journal  # written by hand to test what replay does with it
 def test_retention_by_one_journal_object_is_seen_by_another(tmp_path: Path) -> None:
     """Two Journal objects on one path stand in for two processes; A's rename must not strand B."""
     path = tmp_path / "j.jsonl"

@@ -34,7 +34,7 @@ from crosstalk.core.admission import Limits
 from crosstalk.core.hops import hop_token
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT, TargetRole
-from crosstalk.core.states import AskState, MessageState
+from crosstalk.core.states import AskEvent, AskState, IllegalTransition, MessageState
 from crosstalk.harness.base import Binding, Outcome
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.receiver import (
@@ -44,7 +44,12 @@ from crosstalk.receiver import (
     Result,
     message_record,
 )
-from crosstalk.store.journal import Journal, JournalError, read_journal
+from crosstalk.store.journal import (
+    Journal,
+    JournalError,
+    audit_journal,
+    read_journal,
+)
 from tests.support.faulty_ops import FaultyOps
 
 M = MessageState
@@ -1210,6 +1215,13 @@ class ReceiverMachine(RuleBasedStateMachine):
                     assert (res.message_id, res.state.value) in on_disk, res
 
     @invariant()
+    def the_journal_is_a_legal_sequence(self) -> None:
+        """Whatever faults and crashes did, the table accepts every record on disk, and a
+        restart adopted all of them."""
+        assert audit_journal(self.rig.path) == []
+        assert self.rig.receiver.replay_violations == []
+
+    @invariant()
     def nothing_in_flight_at_rest(self) -> None:
         for entry in self.rig.receiver.entries.values():
             assert entry.state is not M.DISPATCHING
@@ -1370,3 +1382,36 @@ async def test_bounce_lists_an_ask_still_being_dispatched(rig: Rig) -> None:
     notice = [w.text for w in rig.fake.writes if "was not delivered" in w.text]
     assert len(notice) == 1
     assert "ask-slow" in notice[0]
+
+
+@pytest.mark.anyio
+async def test_a_receipt_settles_only_an_unknown_message(rig: Rig) -> None:
+    rig.fake.then(Step(error=ConnectionResetError()), Step(), Step(error=ConnectionResetError()))
+    assert (await rig.receiver.receive(msg("m1", kind=Kind.ASK))).state is M.UNKNOWN
+    assert (await rig.receiver.receive(msg("m2"))).state is M.ACCEPTED
+    assert (await rig.receiver.receive(msg("m3"))).state is M.UNKNOWN
+    assert rig.receiver.settle_by_receipt("m1", "held") is None, "held proves nothing"
+    assert rig.receiver.settle_by_receipt("m1", "delivered") is M.ACCEPTED
+    assert rig.receiver.entries["m1"].ask is AskState.OPEN, "a delivered ask opens"
+    assert rig.receiver.settle_by_receipt("m2", "denied") is None, "accepted stands"
+    assert rig.receiver.settle_by_receipt("m3", "expired") is M.UNREACHABLE
+    assert rig.receiver.entries["m3"].reason == "receipt_expired"
+    assert rig.receiver.settle_by_receipt("nope", "delivered") is None
+    assert rig.states("m1") == ["submitted", "dispatching", "unknown", "accepted"]
+    assert rig.states("m2") == ["submitted", "dispatching", "accepted"]
+
+
+@pytest.mark.anyio
+async def test_ending_an_ask_is_an_event(rig: Rig) -> None:
+    with pytest.raises(KeyError):
+        rig.receiver.end_ask("nope", AskEvent.ANSWERED)
+    assert isinstance(rig.receiver.admit(msg("q0", kind=Kind.ASK)), Entry)
+    with pytest.raises(KeyError):
+        rig.receiver.close_ask("q0", AskState.ANSWERED)  # not delivered: no obligation yet
+    assert (await rig.receiver.receive(msg("q", kind=Kind.ASK))).state is M.ACCEPTED
+    with pytest.raises(IllegalTransition):
+        rig.receiver.close_ask("q", AskState.OPEN)
+    assert rig.receiver.end_ask("q", AskEvent.EXPIRED).ask is AskState.EXPIRED
+    with pytest.raises(IllegalTransition):
+        rig.receiver.end_ask("q", AskEvent.ANSWERED)
+    assert [r["state"] for r in rig.records("q", "ask")] == ["open", "expired"]

@@ -52,7 +52,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from crosstalk.core.envelope import address_attr, escape_body
-from crosstalk.core.states import AskState, MessageState
+from crosstalk.core.message import Sender
+from crosstalk.core.records import (
+    RECEIPT,
+    AskEnded,
+    AskOpened,
+    MessageChange,
+    MessageFinal,
+    MessageRecord,
+    MessageSubmitted,
+    ReceiptRecord,
+    Unreadable,
+    parse_record,
+)
+from crosstalk.core.states import DELIVERED, MessageState
 
 UNVERIFIED = "unverified"
 
@@ -62,12 +75,11 @@ MAX_LIMIT = 100
 
 #: The entries ``receive_message`` shows when no ``state`` is given (see the module docstring).
 DEFAULT_STATES: frozenset[str] = frozenset(s.value for s in (
-    MessageState.ACCEPTED, MessageState.QUEUED, MessageState.UNKNOWN, MessageState.RECOVERED,
-    MessageState.UNREACHABLE, MessageState.BOUNCED,
+    *DELIVERED, MessageState.UNKNOWN, MessageState.RECOVERED, MessageState.UNREACHABLE,
+    MessageState.BOUNCED,
 ))
 
 MESSAGE_STATES: frozenset[str] = frozenset(s.value for s in MessageState)
-_ASK_STATES = frozenset(s.value for s in AskState)
 
 #: How much of a bounced native message's first line the bounce quotes.
 BOUNCE_QUOTE_CHARS = 200
@@ -139,28 +151,13 @@ class Page:
 # -- folding ------------------------------------------------------------------------------
 
 
-def _seq(rec: Mapping[str, Any]) -> int | None:
-    seq = rec.get("seq")
-    if isinstance(seq, int) and not isinstance(seq, bool):
-        return seq
-    return None
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _sender(rec: Mapping[str, Any]) -> tuple[str, str | None]:
-    sender = rec.get("sender")
-    if not isinstance(sender, Mapping):
-        return UNVERIFIED, None
-    agent_id = _str(sender.get("agent_id")) or None
-    name = _str(sender.get("name")) or None
-    return name or agent_id or UNVERIFIED, agent_id
-
-
 #: The journal record type of a harness's receipt for a message (``Agent.apply_receipt``).
-RECEIPT_RECORD = "receipt"
+RECEIPT_RECORD = RECEIPT
+
+
+def _sender(sender: Sender) -> tuple[str, str | None]:
+    agent_id = sender.agent_id or None
+    return sender.name or agent_id or UNVERIFIED, agent_id
 
 
 def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
@@ -168,19 +165,19 @@ def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
     entries: dict[str, MailboxEntry] = {}
     asks: dict[str, tuple[str, str | None, int]] = {}
     receipts: dict[str, tuple[str, int]] = {}
-    for rec in records:
-        subject, rid, state, seq = rec.get("subject"), rec.get("id"), rec.get("state"), _seq(rec)
-        if not isinstance(rid, str) or not rid or seq is None:
+    for raw in records:
+        rec = parse_record(raw)
+        if isinstance(rec, Unreadable) or rec.seq is None:
             continue
-        if rec.get("type") == RECEIPT_RECORD and isinstance(status := rec.get("status"), str):
-            reason = _str(rec.get("reason"))
-            receipts[rid] = (f"{status}:{reason}" if reason else status, seq)
-        elif subject == "ask" and state in _ASK_STATES:
-            prior_reply = asks[rid][1] if rid in asks else None
-            reply = _str(rec.get("reply"))
-            asks[rid] = (str(state), reply if reply is not None else prior_reply, seq)
-        elif subject == "message" and state in MESSAGE_STATES:
-            entries[rid] = _fold(entries.get(rid), rid, str(state), seq, rec)
+        seq = rec.seq
+        if isinstance(rec, ReceiptRecord) and rec.id:
+            receipts[rec.id] = (rec.label, seq)
+        elif isinstance(rec, AskOpened | AskEnded) and rec.id:
+            prior_reply = asks[rec.id][1] if rec.id in asks else None
+            reply = rec.reply if isinstance(rec, AskEnded) else None
+            asks[rec.id] = (rec.state.value, reply if reply is not None else prior_reply, seq)
+        elif isinstance(rec, MessageSubmitted | MessageFinal | MessageChange) and rec.id:
+            entries[rec.id] = _fold(entries.get(rec.id), rec, seq)
     for rid, (ask_state, reply, ask_seq) in asks.items():
         if rid in entries:  # an ask with no message record has nothing to show
             entry = entries[rid]
@@ -194,26 +191,28 @@ def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
     return sorted(entries.values(), key=lambda e: e.last_seq)
 
 
-def _fold(prior: MailboxEntry | None, rid: str, state: str, seq: int,
-          rec: Mapping[str, Any]) -> MailboxEntry:
-    reason = _str(rec.get("reason"))
+def _fold(prior: MailboxEntry | None, rec: MessageRecord, seq: int) -> MailboxEntry:
+    reason = None if isinstance(rec, MessageSubmitted) else rec.reason
+    content = None if isinstance(rec, MessageChange) else rec
     if prior is None:
-        sender, agent_id = _sender(rec)
-        kind = _str(rec.get("kind")) or "inform"
-        return MailboxEntry(message_id=rid, state=state, sender=sender, sender_agent_id=agent_id,
-                            kind=kind, text=_str(rec.get("text")) or "",
-                            in_reply_to=_str(rec.get("in_reply_to")), first_seq=seq,
-                            last_seq=seq, reason=reason)
+        sender, agent_id = _sender(content.sender) if content else (UNVERIFIED, None)
+        return MailboxEntry(message_id=rec.id, state=rec.state.value, sender=sender,
+                            sender_agent_id=agent_id,
+                            kind=(content.kind if content else None) or "inform",
+                            text=(content.text if content else None) or "",
+                            in_reply_to=content.in_reply_to if content else None,
+                            first_seq=seq, last_seq=seq, reason=reason)
     # A later state record: the state and its reason replace the old ones. Content fields come
     # from the first record that carried them (a state record normally carries none).
-    changes: dict[str, Any] = {"state": state, "reason": reason,
+    changes: dict[str, Any] = {"state": rec.state.value, "reason": reason,
                                "last_seq": max(prior.last_seq, seq)}
-    if not prior.text and isinstance(rec.get("text"), str):
-        changes["text"] = rec["text"]
-    if prior.in_reply_to is None and isinstance(rec.get("in_reply_to"), str):
-        changes["in_reply_to"] = rec["in_reply_to"]
-    if prior.sender == UNVERIFIED and prior.sender_agent_id is None and "sender" in rec:
-        changes["sender"], changes["sender_agent_id"] = _sender(rec)
+    if content is not None:
+        if not prior.text and content.text is not None:
+            changes["text"] = content.text
+        if prior.in_reply_to is None and content.in_reply_to is not None:
+            changes["in_reply_to"] = content.in_reply_to
+        if prior.sender == UNVERIFIED and prior.sender_agent_id is None:
+            changes["sender"], changes["sender_agent_id"] = _sender(content.sender)
     return replace(prior, **changes)
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from crosstalk.core.states import UNDELIVERED
+
 #: The first count that fires a nudge; the next ones double it (60, 120, 240, ...). A guess.
 NUDGE_FIRST = 30
 
 #: Outcomes that reached no peer and so are never counted.
-NOT_COUNTED_STATES = frozenset({"rejected", "unreachable"})
+NOT_COUNTED_STATES: frozenset[str] = UNDELIVERED
 
 #: The send kinds the tools produce (``reply`` may also be reported as the inform it travels as).
 SEND_KINDS = frozenset({"inform", "command", "ask", "reply"})

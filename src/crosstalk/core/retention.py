@@ -9,6 +9,7 @@ The model is deliberately generic so it needs no knowledge of record types:
 
 - a record that carries ``subject`` (a state-machine kind from :mod:`crosstalk.core.states`),
   ``id`` and ``state`` reports the state of ``(subject, id)``; the latest such record wins;
+  the fields are read by :func:`crosstalk.core.records.links`, the same way for every kind;
 - every id a record names (``id`` plus everything in ``refs``) links those ids together;
 - an id whose latest state is unresolved is a root; the connected component of each root is
   its dependency set, and every record touching it is kept regardless of age.
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from crosstalk.core.records import Links, links
 from crosstalk.core.states import is_unresolved
 
 Record = Mapping[str, Any]
@@ -26,23 +28,19 @@ Record = Mapping[str, Any]
 
 def record_ids(record: Record) -> list[str]:
     """Every correlation id a record names."""
-    ids: list[str] = []
-    rid = record.get("id")
-    if isinstance(rid, str) and rid:
-        ids.append(rid)
-    refs = record.get("refs")
-    if isinstance(refs, list):
-        ids.extend(r for r in refs if isinstance(r, str) and r)
-    return ids
+    return links(record).ids()
 
 
 def unresolved_ids(records: Iterable[Record]) -> set[str]:
     """Ids whose latest journaled state (per subject kind) is unresolved."""
+    return _unresolved(links(rec) for rec in records)
+
+
+def _unresolved(all_links: Iterable[Links]) -> set[str]:
     latest: dict[tuple[str, str], str] = {}
-    for rec in records:
-        subject, rid, state = rec.get("subject"), rec.get("id"), rec.get("state")
-        if isinstance(subject, str) and isinstance(rid, str) and isinstance(state, str):
-            latest[(subject, rid)] = state
+    for link in all_links:
+        if link.subject is not None and link.id is not None and link.state is not None:
+            latest[(link.subject, link.id)] = link.state
     return {rid for (subject, rid), state in latest.items() if is_unresolved(subject, state)}
 
 
@@ -66,17 +64,17 @@ class _UnionFind:
 
 def plan(records: Sequence[Record], now: float, max_age: float) -> list[bool]:
     """For each record, whether it is kept. Records without a numeric ``ts`` are kept."""
+    all_links = [links(rec) for rec in records]
     uf = _UnionFind()
-    for rec in records:
-        ids = record_ids(rec)
+    for link in all_links:
+        ids = link.ids()
         for other in ids[1:]:
             uf.union(ids[0], other)
-    roots = {uf.find(i) for i in unresolved_ids(records)}
+    roots = {uf.find(i) for i in _unresolved(all_links)}
     cutoff = now - max_age
     keep: list[bool] = []
-    for rec in records:
-        ts = rec.get("ts")
-        young = not isinstance(ts, int | float) or ts >= cutoff
-        needed = any(uf.find(i) in roots for i in record_ids(rec))
+    for link in all_links:
+        young = link.ts is None or link.ts >= cutoff
+        needed = any(uf.find(i) in roots for i in link.ids())
         keep.append(young or needed)
     return keep

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
+from crosstalk.core.replay import Violation, audit
 
 _PREFIX = b'{"c":"'
 # The head of every line of an append_batch write except its last: "this write continues".
@@ -542,3 +543,10 @@ def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Repla
     finally:
         os.close(fd)
     return result
+
+
+def audit_journal(path: Path | str) -> list[Violation]:
+    """The illegal state sequences in the journal at ``path`` (none for a journal the product
+    wrote): :func:`crosstalk.core.replay.audit` over what :func:`read_journal` reads. Damaged
+    lines are :attr:`Replay.damage`, not violations."""
+    return audit(read_journal(path).records)

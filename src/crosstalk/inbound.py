@@ -1,0 +1,73 @@
+"""What the receiver knows about each inbound message, and what it answers the ingresses.
+
+:class:`Entry` is the receiver's in-memory view of one message (rebuilt from the journal on
+restart, :mod:`crosstalk.recovery`); :class:`Result` is what an ingress is told;
+:class:`ReceiverUnavailable` means nothing was accepted. The rules that move an entry are
+:mod:`crosstalk.receiver`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from crosstalk.core.message import Message, Sender
+from crosstalk.core.states import AskState, MessageState
+
+#: How long ``reply`` may answer an inform after it arrived (seed R7: inform routes expire).
+INFORM_ROUTE_SECONDS = 3600.0
+
+
+class ReceiverUnavailable(Exception):
+    """The journal refused a write before acceptance: the message was not accepted."""
+
+
+@dataclass(frozen=True)
+class Result:
+    message_id: str
+    state: MessageState
+    reason: str | None = None
+    duplicate: bool = False
+    evidence: str | None = None
+
+
+@dataclass
+class Entry:
+    """What this receiver knows about one inbound message."""
+
+    message_id: str
+    sender: Sender
+    kind: str
+    state: MessageState
+    ingress: str
+    reason: str | None = None
+    task_id: str | None = None
+    continuation: bool = False
+    binding: dict[str, Any] | None = None
+    #: Present while the message may still be dispatched (in flight or resumable).
+    message: Message | None = None
+    ask: AskState | None = None
+    reply_text: str | None = None
+    evidence: str | None = None
+    #: An ask's deadline, kept so a reply obligation can still be opened after dispatch (a
+    #: late ``resolve`` of an unknown ask).
+    deadline_seconds: int = 0
+    #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
+    #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
+    stalled: bool = False
+    #: When the message was admitted (journal time): an inform's reply route lasts an hour.
+    arrived_at: float | None = None
+
+    def route_open(self, now: float) -> bool:
+        """Whether ``reply`` may still answer it (R7): an ask while open; an inform for
+        :data:`INFORM_ROUTE_SECONDS` after it arrived."""
+        if self.ask is not None:
+            return self.ask is AskState.OPEN
+        return self.arrived_at is None or now - self.arrived_at <= INFORM_ROUTE_SECONDS
+
+    def result(self, *, duplicate: bool = False) -> Result:
+        return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
+
+
+Listener = Callable[[Entry], None]
