@@ -7,7 +7,7 @@ messages before it were injected; CancelTask wins exactly when it runs before th
 dispatch claim (seed 22), because the claim is :meth:`Receiver.dispatch`'s first write. A
 failed dispatch is logged and recorded in :attr:`DispatchLane.errors`; the lane goes on.
 
-**Ask clock.** An open ask whose deadline passes is expired (``receiver.close_ask(EXPIRED)``,
+**Ask clock.** An open ask whose deadline passes is expired (``receiver.end_ask(EXPIRED)``,
 which fails its task). One clock task sleeps until the earliest armed deadline.
 
 **Stop.** :meth:`DispatchLane.close`: the dispatch in flight gets its grace to finish, then is
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crosstalk.agent.taskgroup import TaskGroup
-from crosstalk.core.states import AskState, IllegalTransition
+from crosstalk.core.states import AskEvent, AskState, IllegalTransition
 from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class DispatchLane:
         if entry is None or entry.ask is not AskState.OPEN:
             return
         try:
-            self.receiver.close_ask(message_id, AskState.EXPIRED)
+            self.receiver.end_ask(message_id, AskEvent.EXPIRED)
         except (KeyError, IllegalTransition, ReceiverUnavailable) as exc:
             log.error("could not expire ask %s: %s", message_id, exc)
 
