@@ -54,10 +54,11 @@ from crosstalk.a2a import wire
 from crosstalk.a2a.asgi import RECEIVE_KEY
 from crosstalk.a2a.control import ControlHandler, control_answer
 from crosstalk.a2a.errors import invalid_params, rejected_error, require_sender
-from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy, target_state
+from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy
 from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState, TaskState
+from crosstalk.core.tasks import task_state_for
 from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ class CrossTalkRequestHandler(RequestHandler):
             msg_in = params.message
             task_id = prior.task_id or str(uuid.uuid4())
             context_id = msg_in.context_id or str(uuid.uuid4())
-            if not is_terminal(target_state(prior)) and (
+            if not is_terminal(task_state_for(prior.state, prior.kind, prior.ask)) and (
                     self.receiver.admission.reserve_task(task_id) is not None):
                 raise rejected_error("too_many_pending_tasks")
             self.book.create_task(task_id, context_id, sender, prior,
