@@ -48,7 +48,6 @@ from crosstalk.core.records import (
     MessageChange,
     MessageFinal,
     MessageSubmitted,
-    parse_record,
 )
 from crosstalk.core.replay import Violation
 from crosstalk.core.states import (
@@ -76,18 +75,12 @@ log = logging.getLogger(__name__)
 
 #: The receiver's view of a message lives in :mod:`crosstalk.inbound`; callers import it here.
 __all__ = ["Entry", "Listener", "Receiver", "ReceiverUnavailable", "Result",
-           "message_from_record", "message_record"]
+           "message_record"]
 
 
 def message_record(msg: Message, binding: Binding | None) -> dict[str, Any]:
     """The journal record of an admitted message (its first, ``submitted``)."""
     return MessageSubmitted.of(msg, binding.as_record() if binding else None).to_dict()
-
-
-def message_from_record(rec: Mapping[str, Any]) -> Message | None:
-    """Rebuild the message a ``submitted`` record holds, or ``None`` if it is unreadable."""
-    record = parse_record(rec)
-    return record.message() if isinstance(record, MessageSubmitted) else None
 
 
 @dataclass

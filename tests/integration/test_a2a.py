@@ -815,7 +815,7 @@ async def test_restore_drops_old_terminal_tasks_and_keeps_open_ones(
 async def test_every_task_change_is_a_journal_record(
         bob: Node, agents: dict[str, Agent]) -> None:
     result = await ct_client.send(bob.url, agents["alice"].token, "journal me")
-    records = [r for r in bob.records() if r.get("type") == "task"]
+    records = [r for r in bob.records() if r.get("subject") == "task"]
     states = [r["state"] for r in records if r["id"] == result.task_id]
     assert states == ["submitted", "working", "completed"]
     last = records[-1]

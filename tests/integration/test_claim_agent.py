@@ -75,7 +75,7 @@ def fake(agent: Agent) -> FakeHarness:
 
 
 def claim_records(agent: Agent) -> list[dict[str, Any]]:
-    return [r for r in agent.journal_records() if r.get("type") == CLAIM]
+    return [r for r in agent.journal_records() if r.get("subject") == CLAIM]
 
 
 def listed(reg: Registry, agent: Agent) -> tuple[str, str | None]:
