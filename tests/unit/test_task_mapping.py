@@ -19,7 +19,7 @@ from crosstalk.a2a.tasks import task_message, task_metadata
 from crosstalk.core.message import Kind, Sender
 from crosstalk.core.states import AskState, MessageState, TaskState
 from crosstalk.core.tasks import Completion, TaskMessage, derive_task, task_state_for
-from crosstalk.receiver import Entry
+from crosstalk.receiver import Inbound
 
 M, A, T = MessageState, AskState, TaskState
 ASKS: list[AskState | None] = [None, *AskState]
@@ -86,8 +86,8 @@ def expected(messages: list[TaskMessage], current: TaskState) -> Expected:
 
 
 def entry(mid: str, state: MessageState, kind: str, ask: AskState | None, *,
-          reason: str | None = None, reply_text: str | None = None) -> Entry:
-    return Entry(mid, SENDER, kind, state, "a2a", reason=reason, ask=ask,
+          reason: str | None = None, reply_text: str | None = None) -> Inbound:
+    return Inbound(mid, SENDER, kind, state, "a2a", reason=reason, ask=ask,
                  reply_text=reply_text)
 
 
@@ -103,7 +103,7 @@ def test_task_state_for_is_the_table(state: MessageState) -> None:
             state, kind, ask, open_ask), (state, kind, ask, open_ask)
 
 
-def _check(entries: list[Entry], current: TaskState) -> None:
+def _check(entries: list[Inbound], current: TaskState) -> None:
     messages = [task_message(e) for e in entries]
     latest = messages[-1]
     want = expected(messages, current)

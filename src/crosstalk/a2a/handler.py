@@ -59,7 +59,7 @@ from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState, TaskState
 from crosstalk.core.tasks import task_state_for
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class CrossTalkRequestHandler(RequestHandler):
             raise rejected_error(reason)
         return True
 
-    async def _retry(self, params: pb.SendMessageRequest, sender: Sender, prior: Entry,
+    async def _retry(self, params: pb.SendMessageRequest, sender: Sender, prior: Inbound,
                      wait: bool, context: ServerCallContext) -> pb.Task:
         """Same (sender, messageId) again: the prior task and state, never a second inject."""
         if prior.sender.key != sender.key or prior.ingress != Ingress.A2A.value:

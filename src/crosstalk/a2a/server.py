@@ -32,7 +32,7 @@ from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Sender
 from crosstalk.core.states import MessageState
-from crosstalk.receiver import Entry, Receiver
+from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.registry import Registry
 
 
@@ -149,7 +149,7 @@ class A2AServer:
     # -- tasks -------------------------------------------------------------------------
 
     def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
-                resumable: Sequence[Entry] | None = None) -> list[Entry]:
+                resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
         See :meth:`crosstalk.a2a.tasks.TaskBook.restore`.

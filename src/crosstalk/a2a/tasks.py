@@ -44,7 +44,7 @@ from crosstalk.core.message import Kind, Message, Sender
 from crosstalk.core.records import AskOpened, MessageSubmitted, parse_record
 from crosstalk.core.states import DELIVERED, AskState, IllegalTransition, MessageState, TaskState
 from crosstalk.core.tasks import TaskMessage, TaskView, derive_task
-from crosstalk.receiver import Entry, Receiver
+from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.journal import JournalError
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Lane(Protocol):
     def error_listeners(self) -> list[Callable[[str], None]]:
         """Called with a message id when its dispatch could not start."""
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None: ...
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None: ...
 
     def arm(self, message_id: str, deadline_at: float) -> None: ...
 
@@ -132,7 +132,7 @@ class TaskBook:
                 return ref
         return None
 
-    def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Entry,
+    def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Inbound,
                     history: Sequence[pb.Message]) -> None:
         assert sender.agent_id is not None
         initial = T.REJECTED if entry.state is M.REJECTED else T.SUBMITTED
@@ -156,7 +156,7 @@ class TaskBook:
             self.receiver.admission.release_task(task_id)
         self.apply(task_id)
 
-    def on_entry(self, entry: Entry) -> None:
+    def on_entry(self, entry: Inbound) -> None:
         """Receiver listener: every state change of a message that belongs to a task."""
         task_id = self.store.task_for_message(entry.message_id)
         if task_id is None:
@@ -272,7 +272,7 @@ class TaskBook:
             self.lane.arm(mid, deadline)
 
     def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
-                resumable: Sequence[Entry] | None = None) -> list[Entry]:
+                resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
         ``records`` default to ``receiver.journal.replay()``. ``resumable`` is what
@@ -323,7 +323,7 @@ class TaskBook:
                 self._ask_deadlines[rec.id] = rec.deadline_at
         return bodies
 
-    def _adopt(self, entry: Entry, msg: Message | None) -> None:
+    def _adopt(self, entry: Inbound, msg: Message | None) -> None:
         """A first message journaled before its task record (a crash in between): its task."""
         owner = entry.sender.agent_id
         if msg is None or owner is None:
@@ -341,7 +341,7 @@ class TaskBook:
 # -- derivation (pure: the mapping itself is crosstalk.core.tasks) --------------------------
 
 
-def task_message(entry: Entry) -> TaskMessage:
+def task_message(entry: Inbound) -> TaskMessage:
     """What the task mapping needs of a receiver entry."""
     return TaskMessage(entry.message_id, entry.state, entry.kind, entry.reason, entry.ask,
                        entry.reply_text)

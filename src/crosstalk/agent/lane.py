@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.core.states import AskEvent, AskState, IllegalTransition
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ DISPATCH_GRACE = 2.0
 
 @dataclass
 class _Item:
-    entry: Entry
+    entry: Inbound
     resume: bool
     #: Callers awaiting this dispatch's result (:meth:`DispatchLane.dispatch`).
     waiters: list[asyncio.Future[Result]] = field(default_factory=list)
@@ -95,12 +95,12 @@ class DispatchLane:
 
     # -- dispatch ----------------------------------------------------------------------
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None:
         """Queue ``entry`` for dispatch (``resume``: re-run it from policy, seed R2); a
         message already in the lane is not queued twice."""
         self._enqueue(entry, resume)
 
-    async def dispatch(self, entry: Entry) -> Result:
+    async def dispatch(self, entry: Inbound) -> Result:
         """Dispatch ``entry`` in lane order and return its result.
 
         With nothing queued or in flight its turn is now: it is dispatched in the caller's
@@ -127,7 +127,7 @@ class DispatchLane:
         """Wait until every message submitted so far has been dispatched."""
         await self._drained.wait()
 
-    def _enqueue(self, entry: Entry, resume: bool) -> _Item | None:
+    def _enqueue(self, entry: Inbound, resume: bool) -> _Item | None:
         if self._closed:
             return None
         item = self._items.get(entry.message_id)

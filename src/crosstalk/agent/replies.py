@@ -24,7 +24,7 @@ from crosstalk.core.states import (
     reply_next,
     send_result_state,
 )
-from crosstalk.receiver import Entry
+from crosstalk.receiver import Inbound
 from crosstalk.store.journal import JournalError
 from crosstalk.store.registry import RegistryError
 
@@ -124,7 +124,7 @@ async def complete_reply(agent: Agent, message_id: str,
     return await forward_reply(agent, message_id, str(prior.to), prior)
 
 
-def ask_entry(agent: Agent, message_id: str) -> Entry | None:
+def ask_entry(agent: Agent, message_id: str) -> Inbound | None:
     """The ask a reply to ``message_id`` answers: that message's own, or, for a
     continuation of an ask's task, the ask that opened it (R6)."""
     if agent.receiver is None:

@@ -59,7 +59,7 @@ from crosstalk.ingress.claude_wire import (
 )
 from crosstalk.ingress.peers import Peer, matches_peer, peer_of, verified
 from crosstalk.ingress.socket_files import IngressError, clear_stale_socket, private_dir
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 from crosstalk.store.files import unlink_durable, write_atomic
 from crosstalk.store.registry import Descriptor, Registry
 
@@ -86,10 +86,10 @@ ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
 class Lane(Protocol):
     """What the ingress needs from its agent's dispatch lane (one per agent, in order)."""
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None:
         """Dispatch ``entry`` in its turn; do not wait."""
 
-    async def dispatch(self, entry: Entry) -> Result:
+    async def dispatch(self, entry: Inbound) -> Result:
         """Dispatch ``entry`` in its turn and return its outcome."""
 
     async def settle(self) -> None:
@@ -356,7 +356,7 @@ class UdsIngress:
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
             return
-        if isinstance(admitted, Entry):
+        if isinstance(admitted, Inbound):
             # The message is durable (journaled submitted), so EOF may go now: Claude's sender
             # reports a failure if the socket stays open 5 s, and its model would then resend
             # a frame that dedupe cannot catch. Injection follows in the agent's lane.
