@@ -53,7 +53,7 @@ class Inbound:
     #: An ask's deadline, kept so a reply obligation can still be opened after dispatch (a
     #: late ``resolve`` of an unknown ask).
     deadline_seconds: int = 0
-    #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
+    #: The dispatch lock could not be journaled: never locked, never sent, so a retry of the
     #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
     stalled: bool = False
     #: When the message was admitted (journal time): an inform's reply route lasts an hour.

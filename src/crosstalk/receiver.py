@@ -1,11 +1,11 @@
 """The one receiver chain every inbound message goes through (seed §5).
 
-    authenticate (the ingress) → dedupe → hop chain → policy + admission → dispatch claim → inject
+    authenticate (the ingress) → dedupe → hop chain → policy + admission → dispatch lock → inject
 
 Rules this module enforces, and why:
 
 - **Durable before acknowledged (R1).** Acceptance is journaled (``submitted``) before the
-  chain goes on, the dispatch claim (``dispatching``) before the harness is touched, and the
+  chain goes on, the dispatch lock (``dispatching``) before the harness is touched, and the
   outcome before it is returned. A failed write before the harness write raises
   :class:`ReceiverUnavailable` (nothing was accepted); a failed write after it turns the answer
   into ``unknown``, never ``accepted``.
@@ -116,7 +116,7 @@ class Receiver:
             if (admitted.duplicate and prior is not None and prior.stalled
                     and prior.state is M.SUBMITTED and prior.message is not None):
                 # R1: the sender was told the first attempt failed (ReceiverUnavailable at the
-                # dispatch claim) and retries; nothing was claimed or sent, so the retry
+                # dispatch lock) and retries; nothing was locked or sent, so the retry
                 # dispatches it rather than leave it ``submitted`` until a restart.
                 prior.stalled = False
                 return replace(await run(prior), duplicate=True)
@@ -252,9 +252,9 @@ class Receiver:
             self._after_outcome(entry)
             return entry.result()
         try:
-            self.apply_event(entry, ME.CLAIMED_FOR_DISPATCH, None, required=True)
+            self.apply_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
         except ReceiverUnavailable:
-            entry.stalled = True  # nothing was claimed or sent: a retry may dispatch (R1)
+            entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
             raise
         try:
             outcome = await self.harness.inject(self.binding,
@@ -262,16 +262,16 @@ class Receiver:
             if not isinstance(outcome, Outcome):
                 outcome = Outcome(M.UNKNOWN, "malformed_harness_result")
         except asyncio.CancelledError:
-            if self._claimed(entry):  # not already settled by a receipt (see below)
+            if self._dispatch_held(entry):  # not already settled by a receipt (see below)
                 self.apply_event(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
                                  required=False)
             raise
-        except Exception as exc:  # a disconnect after the claim is ambiguous by definition
+        except Exception as exc:  # a disconnect after the lock is ambiguous by definition
             outcome = Outcome(M.UNKNOWN, f"inject_error: {type(exc).__name__}")
         entry.message = None  # never dispatched again
-        if not self._claimed(entry):
+        if not self._dispatch_held(entry):
             # resolve() (a Claude receipt reaching the uds ingress during the injector's grace
-            # period) settled the claim while inject() was in flight: the receipt is the
+            # period) settled the message while inject() was in flight: the receipt is the
             # better evidence and resolve() did the ask bookkeeping, so it stands (the table
             # has no move from a settled state for the late outcome anyway).
             return entry.result()
@@ -282,8 +282,8 @@ class Receiver:
         return entry.result()
 
     @staticmethod
-    def _claimed(entry: Inbound) -> bool:
-        """Still held by this dispatch's claim (the state may change while inject awaits)."""
+    def _dispatch_held(entry: Inbound) -> bool:
+        """Still held by this dispatch (the state may change while inject awaits)."""
         return entry.state is M.DISPATCHING
 
     def _after_outcome(self, entry: Inbound) -> None:
@@ -293,7 +293,7 @@ class Receiver:
             self._release(entry.message_id, entry.kind)
 
     def cancel(self, message_id: str) -> bool:
-        """Cancel a message that has not been claimed for dispatch (the A2A CancelTask race)."""
+        """Cancel a message that has not been locked for dispatch (the A2A CancelTask race)."""
         entry = self.entries.get(message_id)
         if entry is None or entry.state is not M.SUBMITTED:
             return False

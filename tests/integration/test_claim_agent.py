@@ -422,7 +422,7 @@ async def test_control_requests_on_the_wire(reg: Registry, tmp_path: Path) -> No
         out = await a2a_client.control(node.url, alice.token, "claim", text="x")
         assert (out.ok, out.state, out.reason) == (False, "rejected", "control_not_supported")
 
-        node.server.control_handler = handler
+        node.server.claim_handler = handler
         assert await card_extensions(node.url) == [wire.CONTROL_EXTENSION]
         task = await send(client, ctx, text_message("claim please", control="claim"))
         assert task.status.state == pb.TASK_STATE_COMPLETED

@@ -44,7 +44,7 @@ BINDING = {"harness": "fake", "session_ref": "s", "endpoint": None, "instance_id
 EVERY_KIND: list[Record] = [
     MessageSubmitted.of(Message("m1", ALICE, "hi", kind=Kind.ASK, task_id="t1",
                                 in_reply_to="m0", deadline_seconds=5, hop_chain=("h",),
-                                claimed={"from-name": "x"}, sent_at=12.5), BINDING),
+                                asserted={"from-name": "x"}, sent_at=12.5), BINDING),
     MessageFinal(id="m2", state=MessageState.REJECTED, reason="policy", sender=ALICE,
                  kind="command", binding=BINDING, task_id="t2"),
     MessageFinal(id="m3", state=MessageState.BOUNCED, reason="native_reply_not_forwarded",

@@ -75,7 +75,7 @@ def test_a_legal_life_folds_without_report() -> None:
       submitted("m1", 4)], "accepted", "submitted"),
     # an outcome for a message never submitted (nothing is missing before it)
     ([submitted("other", 1), change("m1", M.ACCEPTED, 2)], None, "accepted"),
-    # an outcome without the dispatch claim
+    # an outcome without the dispatch lock
     ([submitted("m1", 1), change("m1", M.ACCEPTED, 2)], "submitted", "accepted"),
     # an ambiguous dispatch resent
     ([submitted("m1", 1), change("m1", M.DISPATCHING, 2), change("m1", M.UNKNOWN, 3),
@@ -110,7 +110,7 @@ def test_retention_s_trimmed_heads_still_replay() -> None:
 
 
 def test_a_damaged_line_between_two_records_widens_the_check_only_to_reachable() -> None:
-    # seq 2 (the dispatch claim) did not decode: accepted is still reachable from submitted
+    # seq 2 (the dispatch lock) did not decode: accepted is still reachable from submitted
     assert audit([submitted("m1", 1), change("m1", M.ACCEPTED, 3)]) == []
     # ... but no lost record makes accepted -> submitted possible
     [v] = audit([submitted("m1", 1), change("m1", M.DISPATCHING, 2),

@@ -289,7 +289,7 @@ class Agent:
         server's control hook. (One line in :meth:`start`; kept apart so it stays one.)"""
         self.claim = claim_state(records, (self.spec.harness.name, self.spec.session_ref))
         if self.a2a is not None:
-            self.a2a.control_handler = self.apply_control
+            self.a2a.claim_handler = self.apply_control
 
     def effective_claim(self) -> ClaimState:
         """The claim as policy sees it: an owner that is no longer registered counts as absent

@@ -4,7 +4,7 @@
 continuations, uds frames of both shapes, restart resumptions — is dispatched here, one at a
 time, in the order it was submitted. A message waits SUBMITTED (and cancelable) until the
 messages before it were injected; CancelTask wins exactly when it runs before the lane's
-dispatch claim (seed 22), because the claim is :meth:`Receiver.dispatch`'s first write. A
+dispatch lock (seed 22), because the lock is :meth:`Receiver.dispatch`'s first write. A
 failed dispatch is logged and recorded in :attr:`DispatchLane.errors`; the lane goes on.
 
 **Ask clock.** An open ask whose deadline passes is expired (``receiver.end_ask(EXPIRED)``,

@@ -80,7 +80,7 @@ _SETTLE_TURNS = 8
 
 
 #: Receives a control frame with the peer's pid and start time (``None`` if unknown).
-ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
+ControlFrameHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
 
 
 class Lane(Protocol):
@@ -118,7 +118,7 @@ class UdsIngress:
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
         max_connections: int = MAX_CONNECTIONS,
-        control: ControlHandler | None = None,
+        control: ControlFrameHandler | None = None,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.key_path = uds_key_path(self.path)
@@ -391,7 +391,7 @@ class UdsIngress:
         assert frame.kind is not None
         return Message(
             message_id=frame.message_id or new_message_id(), sender=sender, text=frame.text,
-            kind=frame.kind, native=frame.message_id is None, claimed=frame.claimed,
+            kind=frame.kind, native=frame.message_id is None, asserted=frame.asserted,
         )
 
     def _sender(self, peer: Peer | None) -> Sender:

@@ -124,11 +124,12 @@ def _state(raw: Json, states: type[_S]) -> _S:
     return found
 
 
-def _claimed(raw: Json) -> dict[str, str]:
-    claimed = _map(raw, "claimed")
-    if not claimed:
+def _asserted(raw: Json) -> dict[str, str]:
+    """What the wire asserted about a message (stored as ``claimed``), strings only."""
+    asserted = _map(raw, "claimed")
+    if not asserted:
         return {}
-    return {k: v for k, v in claimed.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in asserted.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 # -- the sender, as records carry it ---------------------------------------------------------
