@@ -1,6 +1,6 @@
 """What the receiver knows about each inbound message, and what it answers the ingresses.
 
-:class:`Entry` is the receiver's in-memory view of one message (rebuilt from the journal on
+:class:`Inbound` is the receiver's in-memory view of one message (rebuilt from the journal on
 restart, :mod:`crosstalk.recovery`); :class:`Result` is what an ingress is told;
 :class:`ReceiverUnavailable` means nothing was accepted. The rules that move an entry are
 :mod:`crosstalk.receiver`'s.
@@ -33,7 +33,7 @@ class Result:
 
 
 @dataclass
-class Entry:
+class Inbound:
     """What this receiver knows about one inbound message."""
 
     message_id: str
@@ -53,7 +53,7 @@ class Entry:
     #: An ask's deadline, kept so a reply obligation can still be opened after dispatch (a
     #: late ``resolve`` of an unknown ask).
     deadline_seconds: int = 0
-    #: The dispatch claim could not be journaled: never claimed, never sent, so a retry of the
+    #: The dispatch lock could not be journaled: never locked, never sent, so a retry of the
     #: same message_id may dispatch it (R1) instead of finding it stranded in ``submitted``.
     stalled: bool = False
     #: When the message was admitted (journal time): an inform's reply route lasts an hour.
@@ -70,4 +70,4 @@ class Entry:
         return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
 
 
-Listener = Callable[[Entry], None]
+Listener = Callable[[Inbound], None]

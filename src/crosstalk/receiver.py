@@ -1,11 +1,11 @@
 """The one receiver chain every inbound message goes through (seed §5).
 
-    authenticate (the ingress) → dedupe → hop chain → policy + admission → dispatch claim → inject
+    authenticate (the ingress) → dedupe → hop chain → policy + admission → dispatch lock → inject
 
 Rules this module enforces, and why:
 
 - **Durable before acknowledged (R1).** Acceptance is journaled (``submitted``) before the
-  chain goes on, the dispatch claim (``dispatching``) before the harness is touched, and the
+  chain goes on, the dispatch lock (``dispatching``) before the harness is touched, and the
   outcome before it is returned. A failed write before the harness write raises
   :class:`ReceiverUnavailable` (nothing was accepted); a failed write after it turns the answer
   into ``unknown``, never ``accepted``.
@@ -48,7 +48,6 @@ from crosstalk.core.records import (
     MessageChange,
     MessageFinal,
     MessageSubmitted,
-    parse_record,
 )
 from crosstalk.core.replay import Violation
 from crosstalk.core.states import (
@@ -67,7 +66,7 @@ from crosstalk.core.states import (
     releases_ask_slot,
 )
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
-from crosstalk.inbound import Entry, Listener, ReceiverUnavailable, Result
+from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 
 M = MessageState
@@ -75,19 +74,13 @@ ME = MessageEvent
 log = logging.getLogger(__name__)
 
 #: The receiver's view of a message lives in :mod:`crosstalk.inbound`; callers import it here.
-__all__ = ["Entry", "Listener", "Receiver", "ReceiverUnavailable", "Result",
-           "message_from_record", "message_record"]
+__all__ = ["Inbound", "Listener", "Receiver", "ReceiverUnavailable", "Result",
+           "message_record"]
 
 
 def message_record(msg: Message, binding: Binding | None) -> dict[str, Any]:
     """The journal record of an admitted message (its first, ``submitted``)."""
     return MessageSubmitted.of(msg, binding.as_record() if binding else None).to_dict()
-
-
-def message_from_record(rec: Mapping[str, Any]) -> Message | None:
-    """Rebuild the message a ``submitted`` record holds, or ``None`` if it is unreadable."""
-    record = parse_record(rec)
-    return record.message() if isinstance(record, MessageSubmitted) else None
 
 
 @dataclass
@@ -102,7 +95,7 @@ class Receiver:
     reply_address: str | None = None
     target_role: Callable[[], TargetRole] = TargetRole
     clock: Callable[[], float] = time.time
-    entries: dict[str, Entry] = field(default_factory=dict)
+    entries: dict[str, Inbound] = field(default_factory=dict)
     listeners: list[Listener] = field(default_factory=list)
     #: Journal records :meth:`restore` did not adopt (illegal for the state table).
     replay_violations: list[Violation] = field(default_factory=list)
@@ -114,7 +107,7 @@ class Receiver:
     # -- the chain -------------------------------------------------------------------------
 
     async def receive(self, msg: Message,
-                      dispatch: Callable[[Entry], Awaitable[Result]] | None = None) -> Result:
+                      dispatch: Callable[[Inbound], Awaitable[Result]] | None = None) -> Result:
         """Admit then dispatch ``msg`` — through ``dispatch`` (the agent's lane) if given."""
         run = dispatch or self.dispatch
         admitted = self.admit(msg)
@@ -123,7 +116,7 @@ class Receiver:
             if (admitted.duplicate and prior is not None and prior.stalled
                     and prior.state is M.SUBMITTED and prior.message is not None):
                 # R1: the sender was told the first attempt failed (ReceiverUnavailable at the
-                # dispatch claim) and retries; nothing was claimed or sent, so the retry
+                # dispatch lock) and retries; nothing was locked or sent, so the retry
                 # dispatches it rather than leave it ``submitted`` until a restart.
                 prior.stalled = False
                 return replace(await run(prior), duplicate=True)
@@ -133,10 +126,10 @@ class Receiver:
             return self.entries[msg.message_id].result()
         return result
 
-    def admit(self, msg: Message) -> Entry | Result:
+    def admit(self, msg: Message) -> Inbound | Result:
         """Dedupe, checks and the durable ``submitted`` record, all without yielding.
 
-        Returns the admitted :class:`Entry`, or the final :class:`Result` when the message
+        Returns the admitted :class:`Inbound`, or the final :class:`Result` when the message
         stops here (duplicate or rejected).
         """
         if msg.native and msg.sender.agent_id == self.agent_id:
@@ -166,7 +159,7 @@ class Receiver:
         except JournalError as exc:
             self._release(msg.message_id, msg.kind.value)
             raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
-        entry = Entry(msg.message_id, msg.sender, msg.kind.value, state,
+        entry = Inbound(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
                       binding=self.binding.as_record() if self.binding else None, message=msg,
@@ -175,7 +168,7 @@ class Receiver:
         self._notify(entry)
         return entry
 
-    def _bounce(self, msg: Message) -> Entry | Result:
+    def _bounce(self, msg: Message) -> Inbound | Result:
         """A native reply from our own session: journal it bounced, never forward it.
 
         The session answered an injected message with its harness's own send (Claude's
@@ -204,7 +197,7 @@ class Receiver:
                          sender=Sender(None, name="crosstalk", ingress=Ingress.LOCAL),
                          text=bounce_text(first_line, open_inbound), in_reply_to=None)
         admitted = self.admit(notice)
-        return admitted if isinstance(admitted, Entry) else entry.result()
+        return admitted if isinstance(admitted, Inbound) else entry.result()
 
     def check(self, msg: Message) -> str | None:
         """The deterministic checks: hop chain (A2A only), policy, size."""
@@ -230,7 +223,7 @@ class Receiver:
         return self._record_final(msg, ME.REJECTED, reason, task_id=msg.task_id).result()
 
     def _record_final(self, msg: Message, event: MessageEvent, reason: str, *,
-                      task_id: str | None = None, text: str | None = None) -> Entry:
+                      task_id: str | None = None, text: str | None = None) -> Inbound:
         """Journal a message that ends on arrival (rejected, bounced), then index it."""
         state = message_next(None, event)
         record = MessageFinal(id=msg.message_id, state=state, reason=reason, sender=msg.sender,
@@ -241,13 +234,13 @@ class Receiver:
             self.journal.append(record.to_dict())
         except JournalError as exc:
             raise ReceiverUnavailable(f"journal refused the {state.value} record: {exc}") from exc
-        entry = Entry(msg.message_id, msg.sender, msg.kind.value, state,
+        entry = Inbound(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, reason=reason, task_id=msg.task_id)
         self.entries[msg.message_id] = entry
         self._notify(entry)
         return entry
 
-    async def dispatch(self, entry: Entry) -> Result:
+    async def dispatch(self, entry: Inbound) -> Result:
         """Claim the dispatch, inject, journal the outcome."""
         if entry.state is not M.SUBMITTED or entry.message is None:
             return entry.result()  # canceled (or already dispatched) while waiting
@@ -259,9 +252,9 @@ class Receiver:
             self._after_outcome(entry)
             return entry.result()
         try:
-            self.apply_event(entry, ME.CLAIMED_FOR_DISPATCH, None, required=True)
+            self.apply_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
         except ReceiverUnavailable:
-            entry.stalled = True  # nothing was claimed or sent: a retry may dispatch (R1)
+            entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
             raise
         try:
             outcome = await self.harness.inject(self.binding,
@@ -269,16 +262,16 @@ class Receiver:
             if not isinstance(outcome, Outcome):
                 outcome = Outcome(M.UNKNOWN, "malformed_harness_result")
         except asyncio.CancelledError:
-            if self._claimed(entry):  # not already settled by a receipt (see below)
+            if self._dispatch_held(entry):  # not already settled by a receipt (see below)
                 self.apply_event(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
                                  required=False)
             raise
-        except Exception as exc:  # a disconnect after the claim is ambiguous by definition
+        except Exception as exc:  # a disconnect after the lock is ambiguous by definition
             outcome = Outcome(M.UNKNOWN, f"inject_error: {type(exc).__name__}")
         entry.message = None  # never dispatched again
-        if not self._claimed(entry):
+        if not self._dispatch_held(entry):
             # resolve() (a Claude receipt reaching the uds ingress during the injector's grace
-            # period) settled the claim while inject() was in flight: the receipt is the
+            # period) settled the message while inject() was in flight: the receipt is the
             # better evidence and resolve() did the ask bookkeeping, so it stands (the table
             # has no move from a settled state for the late outcome anyway).
             return entry.result()
@@ -289,18 +282,18 @@ class Receiver:
         return entry.result()
 
     @staticmethod
-    def _claimed(entry: Entry) -> bool:
-        """Still held by this dispatch's claim (the state may change while inject awaits)."""
+    def _dispatch_held(entry: Inbound) -> bool:
+        """Still held by this dispatch (the state may change while inject awaits)."""
         return entry.state is M.DISPATCHING
 
-    def _after_outcome(self, entry: Entry) -> None:
+    def _after_outcome(self, entry: Inbound) -> None:
         if releases_ask_slot(entry.kind, entry.state):
             # A delivered ask's slot is held by its open obligation; an unknown ask keeps its
             # slot: it may still be answered. Anything else frees it.
             self._release(entry.message_id, entry.kind)
 
     def cancel(self, message_id: str) -> bool:
-        """Cancel a message that has not been claimed for dispatch (the A2A CancelTask race)."""
+        """Cancel a message that has not been locked for dispatch (the A2A CancelTask race)."""
         entry = self.entries.get(message_id)
         if entry is None or entry.state is not M.SUBMITTED:
             return False
@@ -311,7 +304,7 @@ class Receiver:
 
     # -- state changes ---------------------------------------------------------------------
 
-    def apply_event(self, entry: Entry, event: MessageEvent, reason: str | None, *,
+    def apply_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
                     required: bool, outcome: MessageState | None = None,
                     evidence: str | None = None, ask_record: AskOpened | None = None) -> None:
         """Ask the table where ``event`` leads, journal that, then apply it.
@@ -341,7 +334,7 @@ class Receiver:
             self.admission.open_asks.add(entry.message_id)  # already reserved, or delivered
         self._notify(entry)
 
-    def _ask_record(self, entry: Entry, state: MessageState) -> AskOpened | None:
+    def _ask_record(self, entry: Inbound, state: MessageState) -> AskOpened | None:
         """The open-ask record if moving ``entry`` to ``state`` opens its reply obligation.
 
         It is written in the outcome's own batch: as a second append, a failure of only it
@@ -354,7 +347,7 @@ class Receiver:
                          sender_key=entry.sender.key,
                          refs=tuple(r for r in (entry.task_id,) if r))
 
-    def close_ask(self, message_id: str, state: AskState, reply_text: str | None = None) -> Entry:
+    def close_ask(self, message_id: str, state: AskState, reply_text: str | None = None) -> Inbound:
         """Answer, expire or close an open ask (the end ``state`` names the event)."""
         entry = self.entries.get(message_id)
         if entry is None or entry.ask is None:
@@ -364,7 +357,7 @@ class Receiver:
             raise IllegalTransition(f"ask: no event ends an ask in {state.value!r}")
         return self.end_ask(message_id, event, reply_text)
 
-    def end_ask(self, message_id: str, event: AskEvent, reply_text: str | None = None) -> Entry:
+    def end_ask(self, message_id: str, event: AskEvent, reply_text: str | None = None) -> Inbound:
         """Answer, expire or close an open ask (journaled first); listeners complete tasks."""
         entry = self.entries.get(message_id)
         if entry is None or entry.ask is None:
@@ -400,7 +393,7 @@ class Receiver:
         self.resolve(message_id, *settled)
         return settled[0]
 
-    def _notify(self, entry: Entry) -> None:
+    def _notify(self, entry: Inbound) -> None:
         # A listener (the A2A task store, a mailbox view) reacts to a state already journaled;
         # its failure must not break the chain, e.g. strand a message in ``dispatching``.
         for listener in list(self.listeners):
@@ -412,12 +405,12 @@ class Receiver:
 
     # -- restart ---------------------------------------------------------------------------
 
-    def restore(self, records: Iterable[Mapping[str, Any]]) -> list[Entry]:
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> list[Inbound]:
         """Rebuild from the journal and settle what a crash left open (seed R2); see
         :func:`crosstalk.recovery.restore`. Returns the A2A first messages to resume."""
         return recovery.restore(self, records)
 
-    async def resume(self, entry: Entry) -> Result:
+    async def resume(self, entry: Inbound) -> Result:
         """Re-run an A2A first message from policy, dispatch included (seed R2)."""
         msg = entry.message
         if msg is None or entry.state is not M.SUBMITTED:

@@ -30,7 +30,7 @@ from crosstalk.core.records import (
 )
 from crosstalk.core.replay import Folder
 from crosstalk.core.states import AskEvent, AskState, MessageEvent, MessageState
-from crosstalk.inbound import Entry
+from crosstalk.inbound import Inbound
 
 if TYPE_CHECKING:
     from crosstalk.receiver import Receiver
@@ -41,7 +41,7 @@ ME = MessageEvent
 log = logging.getLogger("crosstalk.receiver")
 
 
-def restore(receiver: Receiver, records: Iterable[Mapping[str, Any]]) -> list[Entry]:
+def restore(receiver: Receiver, records: Iterable[Mapping[str, Any]]) -> list[Inbound]:
     """Rebuild ``receiver`` from ``records`` and settle them (the module's rules); return
     the A2A first messages still ``submitted`` in this conversation, for the A2A layer to
     resume (re-running the chain from policy, dispatch included)."""
@@ -56,7 +56,7 @@ def restore(receiver: Receiver, records: Iterable[Mapping[str, Any]]) -> list[En
             _restore_message(receiver, record)
         elif isinstance(record, AskOpened | AskEnded):
             _restore_ask(receiver, record)
-    resumable: list[Entry] = []
+    resumable: list[Inbound] = []
     for entry in receiver.entries.values():
         here = receiver.binding is not None and receiver.binding.same_conversation(entry.binding)
         if entry.state is M.DISPATCHING:
@@ -75,8 +75,8 @@ def restore(receiver: Receiver, records: Iterable[Mapping[str, Any]]) -> list[En
     return resumable
 
 
-def _settle_submitted(receiver: Receiver, entry: Entry, here: bool,
-                      resumable: list[Entry]) -> None:
+def _settle_submitted(receiver: Receiver, entry: Inbound, here: bool,
+                      resumable: list[Inbound]) -> None:
     msg = entry.message
     if entry.ingress in (Ingress.UDS.value, Ingress.LOCAL.value):
         # uds and the shim's own notices have no task record to resume from: re-check.
@@ -104,11 +104,11 @@ def _restore_message(receiver: Receiver, rec: MessageRecord) -> None:
         if isinstance(rec, MessageChange):
             # Its first record is gone (retention trimmed an old head, or a damaged
             # line): what the state says is all there is.
-            entry = Entry(rec.id, Sender(None), "inform", rec.state, Ingress.A2A.value,
+            entry = Inbound(rec.id, Sender(None), "inform", rec.state, Ingress.A2A.value,
                           reason=rec.reason, arrived_at=rec.ts)
         else:
             submitted = rec if isinstance(rec, MessageSubmitted) else None
-            entry = Entry(rec.id, rec.sender, rec.kind, rec.state, rec.sender.ingress.value,
+            entry = Inbound(rec.id, rec.sender, rec.kind, rec.state, rec.sender.ingress.value,
                           reason=rec.reason if isinstance(rec, MessageFinal) else None,
                           task_id=rec.task_id,
                           continuation=submitted is not None and submitted.continuation,

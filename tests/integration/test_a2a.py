@@ -733,7 +733,7 @@ async def test_20_restart_get_task_answers_and_a_retry_injects_nothing(
         assert got.history[0].parts[0].text == "before the crash"
         retry = await send(client, ctx, msg)
         assert (retry.id, retry.status.state) == (done.id, COMPLETED)
-        # R2: the first message that never got a dispatch claim is re-run and delivered once
+        # R2: the first message that never got a dispatch lock is re-run and delivered once
         await eventually(lambda: second.fake.texts() == ["still queued"], what="resumed")
         resumed_task = await client.get_task(pb.GetTaskRequest(id=t_behind.id), context=ctx)
         assert resumed_task.status.state == COMPLETED
@@ -815,7 +815,7 @@ async def test_restore_drops_old_terminal_tasks_and_keeps_open_ones(
 async def test_every_task_change_is_a_journal_record(
         bob: Node, agents: dict[str, Agent]) -> None:
     result = await ct_client.send(bob.url, agents["alice"].token, "journal me")
-    records = [r for r in bob.records() if r.get("type") == "task"]
+    records = [r for r in bob.records() if r.get("subject") == "task"]
     states = [r["state"] for r in records if r["id"] == result.task_id]
     assert states == ["submitted", "working", "completed"]
     last = records[-1]

@@ -368,7 +368,7 @@ async def test_a_held_message_is_settled_by_its_later_receipt(
     assert url is not None
     task = await a2a_client.get_task(url, a.token, str(sent.task_id))
     assert task.task_state == task_state
-    receipts = [r for r in b.journal_records() if r.get("type") == "receipt"]
+    receipts = [r for r in b.journal_records() if r.get("subject") == "receipt"]
     assert [(r["id"], r["status"]) for r in receipts] == [(sent.message_id, status)]
 
 

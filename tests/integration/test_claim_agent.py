@@ -20,9 +20,10 @@ from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a import wire
-from crosstalk.agent import CLAIM_RECORD, Agent, AgentSpec
+from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT, ControlResult
+from crosstalk.core.records import CLAIM
 from crosstalk.core.states import MessageState
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal import Journal, read_journal
@@ -74,7 +75,7 @@ def fake(agent: Agent) -> FakeHarness:
 
 
 def claim_records(agent: Agent) -> list[dict[str, Any]]:
-    return [r for r in agent.journal_records() if r.get("type") == CLAIM_RECORD]
+    return [r for r in agent.journal_records() if r.get("subject") == CLAIM]
 
 
 def listed(reg: Registry, agent: Agent) -> tuple[str, str | None]:
@@ -308,10 +309,10 @@ async def test_a_claim_journaled_under_another_binding_does_not_apply(
     assert path is not None
     owner = "0123456789abcdef"
     with Journal(path) as j:
-        j.append({"type": CLAIM_RECORD, "subject": "claim", "id": bob.agent_id,
+        j.append({"type": CLAIM, "subject": "claim", "id": bob.agent_id,
                   "state": "claimed", "owner": owner, "op": "claim",
                   "binding": {"harness": "fake", "session_ref": "another-session"}})
-        j.append({"type": CLAIM_RECORD, "subject": "claim", "id": bob.agent_id,
+        j.append({"type": CLAIM, "subject": "claim", "id": bob.agent_id,
                   "state": "claimed", "owner": owner, "op": "claim"})  # no binding at all
     again = new_agent(reg, env, "sess-bob", "bob")
     await again.start()
@@ -322,7 +323,7 @@ async def test_a_claim_journaled_under_another_binding_does_not_apply(
         await again.stop()
     # the same record under this session's binding does apply (the control for the above)
     with Journal(path) as j:
-        j.append({"type": CLAIM_RECORD, "subject": "claim", "id": bob.agent_id,
+        j.append({"type": CLAIM, "subject": "claim", "id": bob.agent_id,
                   "state": "claimed", "owner": owner, "op": "claim",
                   "binding": {"harness": "fake", "session_ref": "sess-bob"}})
     third = new_agent(reg, env, "sess-bob", "bob")
@@ -421,7 +422,7 @@ async def test_control_requests_on_the_wire(reg: Registry, tmp_path: Path) -> No
         out = await a2a_client.control(node.url, alice.token, "claim", text="x")
         assert (out.ok, out.state, out.reason) == (False, "rejected", "control_not_supported")
 
-        node.server.control_handler = handler
+        node.server.claim_handler = handler
         assert await card_extensions(node.url) == [wire.CONTROL_EXTENSION]
         task = await send(client, ctx, text_message("claim please", control="claim"))
         assert task.status.state == pb.TASK_STATE_COMPLETED

@@ -316,7 +316,7 @@ def test_user_frame_raises_only_bad_frame_and_never_trusts_claims(obj: dict[str,
     except BadFrame:
         return
     assert isinstance(frame.text, str)
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in frame.claimed.items())
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in frame.asserted.items())
     content = obj["message"]["content"]
     if frame.kind is not None and frame.kind.value == "inform":
         # inform is only ever the answer when nothing asked for another known kind

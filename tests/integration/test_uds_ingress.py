@@ -248,10 +248,10 @@ async def test_native_frames_get_fresh_ids_and_are_not_deduped(node: Node) -> No
         msg = node.harness.writes[0].delivery.message
         assert msg.native
         # Everything the frame says about itself is kept as a display claim, nothing more.
-        assert msg.claimed["msg_id"] == "9d3c1c7e-2a8b-4f7e-9a55-6f1b2c3d4e5f"
-        assert msg.claimed["from"] == "uds:/tmp/cc-socks/4242.sock"
-        assert msg.claimed["priority"] == "next"
-        assert msg.claimed["envelope.from-name"] == "trusted-boss"
+        assert msg.asserted["msg_id"] == "9d3c1c7e-2a8b-4f7e-9a55-6f1b2c3d4e5f"
+        assert msg.asserted["from"] == "uds:/tmp/cc-socks/4242.sock"
+        assert msg.asserted["priority"] == "next"
+        assert msg.asserted["envelope.from-name"] == "trusted-boss"
 
 
 @pytest.mark.parametrize("auth_line", [
@@ -516,7 +516,7 @@ async def test_shape_b_from_a_registered_process_is_a_verified_sender(
         assert msg.sender.label == "sender-s"
         assert msg.sender.role == "primary"
         assert msg.sender.peer_pid == got.pid
-        assert msg.claimed["envelope.from-name"] == "trusted-boss"
+        assert msg.asserted["envelope.from-name"] == "trusted-boss"
         assert msg.native
         assert written.delivery.wake
         assert node.states(msg.message_id) == ["submitted", "dispatching", "accepted"]
@@ -622,7 +622,7 @@ async def test_seed14_forged_envelope_attributes_over_an_unverified_transport(
         assert msg.sender.label == "unverified"
         assert msg.sender.name is None
         assert "trusted-boss" not in (msg.sender.name, msg.sender.label, msg.sender.agent_id)
-        assert msg.claimed["envelope.from-name"] == "trusted-boss"
+        assert msg.asserted["envelope.from-name"] == "trusted-boss"
         rec = next(r for r in node.records() if r.get("id") == msg.message_id)
         assert rec["sender"]["name"] is None
         assert rec["sender"]["agent_id"] is None

@@ -166,7 +166,7 @@ def test_burst_of_40_from_three_senders(world: World, timings: Timings) -> None:
     states = Counter(r["state"] for r in records
                      if r.get("subject") == "message" and r.get("id") in expected_ids)
     assert states == Counter(submitted=40, dispatching=40, accepted=40), states
-    assert [r for r in records if r.get("type") == "receipt"] == []
+    assert [r for r in records if r.get("subject") == "receipt"] == []
     # How long messages waited in B's dispatch lane and its pacer (submitted -> accepted).
     at: dict[str, dict[str, float]] = {}
     for r in records:
@@ -255,7 +255,7 @@ def test_held_by_a_bypass_session_until_its_user_delivers(world: World,
 
     def receipt() -> list[dict[str, Any]]:
         return [r for r in journal(world, agent)
-                if r.get("type") == "receipt" and r.get("id") == result["message_id"]]
+                if r.get("subject") == "receipt" and r.get("id") == result["message_id"]]
     got = wait_for(receipt, 10, what="the delivered receipt in A's journal")
     timings.add("user picks Deliver -> receipt journaled by A's shim",
                 got[0]["ts"] - t0)

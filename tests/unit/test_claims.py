@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from crosstalk.a2a import wire
-from crosstalk.agent.claims import CLAIM_RECORD, claim_state
+from crosstalk.agent.claims import claim_state
 from crosstalk.core import retention
 from crosstalk.core.policy import PRIMARY, SUBAGENT, ControlResult
+from crosstalk.core.records import CLAIM
 from crosstalk.core.states import ClaimStatus, check_transition, is_unresolved
 
 TARGET = "aaaaaaaaaaaaaaaa"
@@ -22,7 +23,7 @@ DAY = 24 * 3600.0
 def claim(owner: str | None, *, session: tuple[str, str] | None = SESSION,
           ts: float = 0.0) -> dict[str, Any]:
     rec: dict[str, Any] = {
-        "type": CLAIM_RECORD, "subject": "claim", "id": TARGET, "owner": owner, "ts": ts,
+        "type": CLAIM, "subject": "claim", "id": TARGET, "owner": owner, "ts": ts,
         "state": (ClaimStatus.CLAIMED if owner else ClaimStatus.RELEASED).value}
     if session is not None:
         rec["binding"] = {"harness": session[0], "session_ref": session[1],

@@ -143,7 +143,8 @@ def test_combine_hint_appends() -> None:
 
 
 def test_nudge_journal_record() -> None:
-    assert Nudge("p", 60, "h").record() == {"type": "nudge", "peer": "p", "count": 60}
+    assert Nudge("p", 60, "h").record().to_dict() == {"subject": "nudge", "peer": "p",
+                                                      "count": 60}
 
 
 def test_custom_first_doubles_from_it() -> None:

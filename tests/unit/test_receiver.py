@@ -38,7 +38,7 @@ from crosstalk.core.states import AskEvent, AskState, IllegalTransition, Message
 from crosstalk.harness.base import Binding, Outcome
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.receiver import (
-    Entry,
+    Inbound,
     Receiver,
     ReceiverUnavailable,
     Result,
@@ -101,7 +101,7 @@ class Rig:
         return journal, receiver
 
     def restart(self, *, binding: Binding | None = BINDING, ops: FaultyOps | None = None,
-                limits: Limits | None = None) -> list[Entry]:
+                limits: Limits | None = None) -> list[Inbound]:
         if limits is not None:
             self.limits = limits
         self.journal, self.receiver = self._build(binding, ops, None)
@@ -501,7 +501,7 @@ async def test_partial_trailing_line_replays_without_it(rig: Rig) -> None:
 @pytest.mark.anyio
 async def test_unresolved_dispatch_becomes_unknown_never_reinjected(rig: Rig) -> None:
     entry = rig.receiver.admit(msg("m1"))
-    assert isinstance(entry, Entry)
+    assert isinstance(entry, Inbound)
     rig.journal.append({"subject": "message", "id": "m1", "state": "dispatching",
                         "reason": None})  # the claim, then the crash
     assert rig.restart() == []
@@ -521,7 +521,7 @@ async def test_unresolved_dispatch_becomes_unknown_never_reinjected(rig: Rig) ->
 async def test_uds_submitted_passing_recheck_is_recovered(rig: Rig) -> None:
     for mid, sender in (("n-1", STRANGER), ("u-1", ALICE_UDS)):
         assert isinstance(rig.receiver.admit(msg(mid, sender=sender, native=mid[0] == "n")),
-                          Entry)
+                          Inbound)
     assert rig.restart() == [], "uds messages are never resumed"
     for mid in ("n-1", "u-1"):
         entry = rig.receiver.entries[mid]
@@ -537,7 +537,7 @@ async def test_uds_submitted_passing_recheck_is_recovered(rig: Rig) -> None:
 async def test_uds_submitted_failing_recheck_is_rejected(rig: Rig) -> None:
     big = "x" * 100
     assert isinstance(rig.receiver.admit(msg("n-big", sender=STRANGER, text=big, native=True)),
-                      Entry)
+                      Inbound)
     # a uds command can only be in the journal if an older build (or another writer) put it
     # there; it is written directly, the way it would be found
     rig.journal.append(message_record(msg("u-cmd", sender=ALICE_UDS, kind=Kind.COMMAND),
@@ -555,7 +555,7 @@ async def test_uds_submitted_failing_recheck_is_rejected(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_a2a_first_message_is_resumed_once(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("t-1", task_id="task-1")), Entry)
+    assert isinstance(rig.receiver.admit(msg("t-1", task_id="task-1")), Inbound)
     resumable = rig.restart()
     assert [e.message_id for e in resumable] == ["t-1"]
     assert rig.receiver.entries["t-1"].state is M.SUBMITTED
@@ -573,7 +573,7 @@ async def test_a2a_first_message_is_resumed_once(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_resume_rechecks_policy(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("c-1", sender=BOB, kind=Kind.COMMAND)), Entry)
+    assert isinstance(rig.receiver.admit(msg("c-1", sender=BOB, kind=Kind.COMMAND)), Inbound)
     rig.target = TargetRole(SUBAGENT, owner=ALICE.agent_id)  # claimed by alice meanwhile
     (entry,) = rig.restart()
     res = await rig.receiver.resume(entry)
@@ -585,7 +585,7 @@ async def test_resume_rechecks_policy(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_a2a_continuation_stays_submitted(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True)), Entry)
+    assert isinstance(rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True)), Inbound)
     assert rig.restart() == []
     entry = rig.receiver.entries["k-1"]
     assert entry.state is M.SUBMITTED
@@ -817,7 +817,7 @@ async def test_unbound_receiver_is_unreachable_and_frees_the_ask_slot(
 @pytest.mark.anyio
 async def test_cancel_before_dispatch(rig: Rig) -> None:
     entry = rig.receiver.admit(msg("m1", kind=Kind.ASK))
-    assert isinstance(entry, Entry)
+    assert isinstance(entry, Inbound)
     assert rig.receiver.admission.open_asks == {"m1"}
     assert rig.receiver.cancel("m1") is True
     assert rig.receiver.admission.open_asks == set()
@@ -1150,7 +1150,7 @@ class ReceiverMachine(RuleBasedStateMachine):
                 continuation=continuation and sender.ingress is Ingress.A2A))
         except ReceiverUnavailable:
             admitted = None
-        if isinstance(admitted, Entry) and append_claim:
+        if isinstance(admitted, Inbound) and append_claim:
             with contextlib.suppress(JournalError):  # an armed fault may hit the claim
                 self.rig.journal.append({"subject": "message", "id": mid,
                                          "state": "dispatching", "reason": None})
@@ -1267,7 +1267,7 @@ def test_outcome_rejects_non_outcome_states() -> None:
 
 @pytest.mark.anyio
 async def test_a_failing_listener_does_not_strand_a_message(rig: Rig) -> None:
-    def broken(_: Entry) -> None:
+    def broken(_: Inbound) -> None:
         raise RuntimeError("listener bug")
 
     rig.receiver.listeners.append(broken)
@@ -1300,7 +1300,7 @@ async def test_open_ask_of_another_conversation_is_closed_on_restore(rig: Rig) -
 async def test_local_notice_submitted_at_a_crash_is_rechecked_not_resumed(rig: Rig) -> None:
     local = Sender(None, ingress=Ingress.LOCAL)
     entry = rig.receiver.admit(msg("m-local", sender=local, text="claimed by alice"))
-    assert isinstance(entry, Entry)
+    assert isinstance(entry, Inbound)
     resumable = rig.restart()
     assert resumable == []
     assert rig.states("m-local") == ["submitted", "recovered"]
@@ -1405,7 +1405,7 @@ async def test_a_receipt_settles_only_an_unknown_message(rig: Rig) -> None:
 async def test_ending_an_ask_is_an_event(rig: Rig) -> None:
     with pytest.raises(KeyError):
         rig.receiver.end_ask("nope", AskEvent.ANSWERED)
-    assert isinstance(rig.receiver.admit(msg("q0", kind=Kind.ASK)), Entry)
+    assert isinstance(rig.receiver.admit(msg("q0", kind=Kind.ASK)), Inbound)
     with pytest.raises(KeyError):
         rig.receiver.close_ask("q0", AskState.ANSWERED)  # not delivered: no obligation yet
     assert (await rig.receiver.receive(msg("q", kind=Kind.ASK))).state is M.ACCEPTED

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.records import (
-    ALSO_TYPE,
     AskEnded,
     AskOpened,
     ClaimRecord,
@@ -45,7 +44,7 @@ BINDING = {"harness": "fake", "session_ref": "s", "endpoint": None, "instance_id
 EVERY_KIND: list[Record] = [
     MessageSubmitted.of(Message("m1", ALICE, "hi", kind=Kind.ASK, task_id="t1",
                                 in_reply_to="m0", deadline_seconds=5, hop_chain=("h",),
-                                claimed={"from-name": "x"}, sent_at=12.5), BINDING),
+                                asserted={"from-name": "x"}, sent_at=12.5), BINDING),
     MessageFinal(id="m2", state=MessageState.REJECTED, reason="policy", sender=ALICE,
                  kind="command", binding=BINDING, task_id="t2"),
     MessageFinal(id="m3", state=MessageState.BOUNCED, reason="native_reply_not_forwarded",
@@ -77,8 +76,8 @@ def test_every_kind_round_trips_with_one_discriminator(record: Record) -> None:
     back = parse_record(stored)
     assert back == record
     assert (back.seq, back.ts) == (7, 99.0)
-    # kinds some reader still selects by the legacy key carry it too, with the same value
-    assert stored.get("type") == (record.subject if record.subject in ALSO_TYPE else None)
+    # new records name their kind in ``subject`` only (``type`` is read, never written)
+    assert "type" not in stored
 
 
 def test_writers_keep_todays_shapes() -> None:
@@ -96,10 +95,10 @@ def test_writers_keep_todays_shapes() -> None:
         "subject": "ask", "id": "m", "state": "open", "deadline_at": None, "sender": "k",
         "refs": []}
     assert ClaimRecord(id="a", state=ClaimStatus.RELEASED).to_dict() == {
-        "type": "claim", "subject": "claim", "id": "a", "state": "released", "owner": None,
+        "subject": "claim", "id": "a", "state": "released", "owner": None,
         "by": None, "by_name": None, "op": None, "previous": None, "binding": None}
     assert ReceiptRecord(id="m", status="held").to_dict() == {
-        "type": "receipt", "subject": "receipt", "id": "m", "status": "held", "reason": None}
+        "subject": "receipt", "id": "m", "status": "held", "reason": None}
 
 
 def test_legacy_type_only_records_still_read() -> None:

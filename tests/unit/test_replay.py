@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from crosstalk.a2a.taskstore import JournalTaskStore
+from crosstalk.agent.claims import claim_state
+from crosstalk.agent.replies import reply_state
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.records import (
     AskOpened,
@@ -72,7 +75,7 @@ def test_a_legal_life_folds_without_report() -> None:
       submitted("m1", 4)], "accepted", "submitted"),
     # an outcome for a message never submitted (nothing is missing before it)
     ([submitted("other", 1), change("m1", M.ACCEPTED, 2)], None, "accepted"),
-    # an outcome without the dispatch claim
+    # an outcome without the dispatch lock
     ([submitted("m1", 1), change("m1", M.ACCEPTED, 2)], "submitted", "accepted"),
     # an ambiguous dispatch resent
     ([submitted("m1", 1), change("m1", M.DISPATCHING, 2), change("m1", M.UNKNOWN, 3),
@@ -107,7 +110,7 @@ def test_retention_s_trimmed_heads_still_replay() -> None:
 
 
 def test_a_damaged_line_between_two_records_widens_the_check_only_to_reachable() -> None:
-    # seq 2 (the dispatch claim) did not decode: accepted is still reachable from submitted
+    # seq 2 (the dispatch lock) did not decode: accepted is still reachable from submitted
     assert audit([submitted("m1", 1), change("m1", M.ACCEPTED, 3)]) == []
     # ... but no lost record makes accepted -> submitted possible
     [v] = audit([submitted("m1", 1), change("m1", M.DISPATCHING, 2),
@@ -202,8 +205,9 @@ async def test_a_journal_the_receiver_wrote_audits_clean(tmp_path: Path) -> None
 pytestmark = pytest.mark.anyio
 
 
-def test_a_journal_in_the_shapes_older_writers_use_replays_clean() -> None:
-    """The dict literals agent.py, a2a/taskstore.py and mcp_tools.py write today."""
+def test_a_journal_in_the_shapes_older_writers_use_replays_clean(tmp_path: Path) -> None:
+    """The dict literals agent.py, a2a/taskstore.py and mcp_tools.py wrote before every
+    writer built its records through core/records (kinds named by ``type``, some by both)."""
     binding = BINDING.as_record()
     records = numbered(
         submitted("m1", 0, Kind.ASK), change("m1", M.DISPATCHING, 0),
@@ -240,3 +244,36 @@ def test_a_journal_in_the_shapes_older_writers_use_replays_clean() -> None:
     assert folded.state("claim", "me") == "released"
     assert folded.state("native_send", "n1") == "queued"
     assert folded.state("task", "t1") is None, "deleted"
+    # ... and the agent's readers read those shapes as before
+    assert claim_state(records, (BINDING.harness, BINDING.session_ref)).owner is None
+    assert claim_state(records[:-5], (BINDING.harness, BINDING.session_ref)).owner == "o"
+    progress = reply_state(records)["m1"]
+    assert (progress.reply_id, progress.text, progress.to, progress.state) == (
+        "r1", "noon", ALICE.agent_id, ReplyState.FORWARDED)
+    assert progress.result["state"] == "accepted"
+    legacy_task = {"type": "task", "subject": "task", "id": "t2", "state": "submitted",
+                   "owner": "o", "refs": ["m9"], "seq": 1,
+                   "task": {"id": "t2", "status": {"state": "TASK_STATE_SUBMITTED"}}}
+    with Journal(tmp_path / "agent.jsonl") as journal:
+        store = JournalTaskStore(journal, clock=lambda: 1000.0)
+        (kept,) = store.load([legacy_task], now=1000.0)
+        assert (kept.task.id, kept.owner, kept.refs) == ("t2", "o", ["m9"])
+        deleted = {"type": "task_deleted", "id": "t2", "refs": ["m9"], "seq": 2}
+        assert store.load([legacy_task, deleted], now=1000.0) == []
+
+
+def test_the_task_store_reports_an_illegal_task_sequence_and_does_not_adopt_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def task(state: TaskState) -> dict[str, Any]:
+        return TaskRecord(id="t1", state=state, owner="o", refs=("m1",),
+                          task={"id": "t1", "status": {"state": f"TASK_STATE_{state.name}"}}
+                          ).to_dict()
+
+    records = numbered(submitted("m1", 0), task(TaskState.SUBMITTED),
+                       task(TaskState.COMPLETED), task(TaskState.WORKING))
+    with (Journal(tmp_path / "agent.jsonl") as journal,
+          caplog.at_level(logging.WARNING, logger="crosstalk.a2a.taskstore")):
+        (kept,) = JournalTaskStore(journal, clock=lambda: 1000.0).load(records, now=1000.0)
+    assert kept.state is TaskState.COMPLETED, "completed -> working is not adopted"
+    assert "not adopting task record" in caplog.text
+    assert "'completed' -> 'working' is not allowed" in caplog.text

@@ -135,7 +135,7 @@ ME = MessageEvent
 def test_message_life_by_events() -> None:
     s = message_next(None, ME.ADMITTED)
     assert s is M.SUBMITTED
-    s = message_next(s, ME.CLAIMED_FOR_DISPATCH)
+    s = message_next(s, ME.LOCKED_FOR_DISPATCH)
     assert s is M.DISPATCHING
     assert message_next(s, ME.INJECTED, M.QUEUED) is M.QUEUED
     assert message_next(s, ME.DISPATCH_INTERRUPTED) is M.UNKNOWN
@@ -150,14 +150,14 @@ def test_message_life_by_events() -> None:
 
 @pytest.mark.parametrize(("state", "event", "outcome"), [
     (M.ACCEPTED, ME.SETTLED, M.QUEUED),  # a delivered message is never re-settled
-    (M.DISPATCHING, ME.CLAIMED_FOR_DISPATCH, None),  # never claimed twice
+    (M.DISPATCHING, ME.LOCKED_FOR_DISPATCH, None),  # never locked twice
     (M.DISPATCHING, ME.INJECTED, M.REJECTED),  # not an injection outcome
     (M.DISPATCHING, ME.INJECTED, None),  # an outcome event without its outcome
     (M.UNKNOWN, ME.SETTLED, M.UNKNOWN),  # only positive evidence settles an unknown
     (M.UNKNOWN, ME.INJECTED, M.ACCEPTED),  # an ambiguous dispatch is never re-injected
     (M.SUBMITTED, ME.INJECTED, M.ACCEPTED),  # no injection without the claim
-    (M.CANCELED, ME.CLAIMED_FOR_DISPATCH, None),
-    (None, ME.CLAIMED_FOR_DISPATCH, None),
+    (M.CANCELED, ME.LOCKED_FOR_DISPATCH, None),
+    (None, ME.LOCKED_FOR_DISPATCH, None),
     (M.SUBMITTED, ME.ADMITTED, None),
     (M.SUBMITTED, ME.CANCELED, M.REJECTED),  # a fixed target is not negotiable
 ])

@@ -25,7 +25,7 @@ M = MessageState
 T = TaskState
 
 #: Applies a verified sender's claim/release (``"claim"`` | ``"release"``) at this agent.
-ControlHandler = Callable[[Sender, str], Awaitable[ControlResult]]
+ClaimHandler = Callable[[Sender, str], Awaitable[ControlResult]]
 
 
 def control_answer(msg_in: pb.Message, op: str, result: ControlResult, *, name: str,

@@ -5,7 +5,7 @@ CrossTalk plugs in at the SDK's documented seam, a
 (:mod:`crosstalk.receiver`) from it; nothing here re-implements dedupe, policy or dispatch.
 Why not the SDK's ``DefaultRequestHandler`` + ``AgentExecutor``: it creates the task before
 any CrossTalk check could run, cancels through the executor with no notion of a dispatch
-claim, and has no owner scoping of continuations; every seed rule below would be fought
+lock, and has no owner scoping of continuations; every seed rule below would be fought
 against it (ADR 0004).
 
 SendMessage (seed §5)::
@@ -16,11 +16,11 @@ SendMessage (seed §5)::
 - ``unknown`` is never reported completed (seed 17c): a default-wait SendMessage returns the
   task in that state rather than block on evidence that may never come.
 - A message waits SUBMITTED (and cancelable) in the lane until the messages before it were
-  injected; CancelTask wins exactly when it runs before the lane's dispatch claim (seed 22).
+  injected; CancelTask wins exactly when it runs before the lane's dispatch lock (seed 22).
 
 Control requests (claim/release, seed §7): a SendMessage whose metadata carries
 ``crosstalk.control`` is authenticated like any other (the bearer names the claimer), then
-handed to ``control_handler`` instead of the receiver chain: it never reaches the session as
+handed to ``claim_handler`` instead of the receiver chain: it never reaches the session as
 a message; :mod:`crosstalk.a2a.control` builds its answer.
 """
 
@@ -52,13 +52,14 @@ from starlette.types import Message as AsgiMessage
 
 from crosstalk.a2a import wire
 from crosstalk.a2a.asgi import RECEIVE_KEY
-from crosstalk.a2a.control import ControlHandler, control_answer
+from crosstalk.a2a.control import ClaimHandler, control_answer
 from crosstalk.a2a.errors import invalid_params, rejected_error, require_sender
-from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy, target_state
+from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy
 from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState, TaskState
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.core.tasks import task_state_for
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class CrossTalkRequestHandler(RequestHandler):
 
     def __init__(self, receiver: Receiver, book: TaskBook, lane: Lane, *, name: str,
                  max_wait_seconds: float = 900.0,
-                 control_handler: ControlHandler | None = None) -> None:
+                 claim_handler: ClaimHandler | None = None) -> None:
         self.receiver = receiver
         self.book = book
         self.lane = lane
@@ -86,7 +87,7 @@ class CrossTalkRequestHandler(RequestHandler):
         self.name = name
         self.max_wait_seconds = max_wait_seconds
         #: Claim/release handler (set by the Agent); ``None`` refuses control requests.
-        self.control_handler = control_handler
+        self.claim_handler = claim_handler
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
 
@@ -216,7 +217,7 @@ class CrossTalkRequestHandler(RequestHandler):
             raise invalid_params("bad_control", f"{wire.CONTROL} must be claim or release")
         if msg_in.task_id:
             raise invalid_params("bad_control", "a control request cannot continue a task")
-        handler = self.control_handler
+        handler = self.claim_handler
         if handler is None:
             raise rejected_error("control_not_supported")
         try:
@@ -253,7 +254,7 @@ class CrossTalkRequestHandler(RequestHandler):
             raise rejected_error(reason)
         return True
 
-    async def _retry(self, params: pb.SendMessageRequest, sender: Sender, prior: Entry,
+    async def _retry(self, params: pb.SendMessageRequest, sender: Sender, prior: Inbound,
                      wait: bool, context: ServerCallContext) -> pb.Task:
         """Same (sender, messageId) again: the prior task and state, never a second inject."""
         if prior.sender.key != sender.key or prior.ingress != Ingress.A2A.value:
@@ -268,7 +269,7 @@ class CrossTalkRequestHandler(RequestHandler):
             msg_in = params.message
             task_id = prior.task_id or str(uuid.uuid4())
             context_id = msg_in.context_id or str(uuid.uuid4())
-            if not is_terminal(target_state(prior)) and (
+            if not is_terminal(task_state_for(prior.state, prior.kind, prior.ask)) and (
                     self.receiver.admission.reserve_task(task_id) is not None):
                 raise rejected_error("too_many_pending_tasks")
             self.book.create_task(task_id, context_id, sender, prior,
@@ -369,9 +370,9 @@ class CrossTalkRequestHandler(RequestHandler):
         return page
 
     def cancel_task(self, params: pb.CancelTaskRequest, context: ServerCallContext) -> pb.Task:
-        """Cancel only what no dispatch has claimed yet (seed 17f, 22).
+        """Cancel only what no dispatch has locked yet (seed 17f, 22).
 
-        Synchronous from check to journal: the dispatch lane cannot claim in between, so a
+        Synchronous from check to journal: the dispatch lane cannot lock it in between, so a
         cancel either wins (zero writes will happen) or reports TaskNotCancelable.
         """
         sender = require_sender(context)

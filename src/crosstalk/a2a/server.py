@@ -24,7 +24,7 @@ from a2a.types import a2a_pb2 as pb
 from starlette.applications import Starlette
 
 from crosstalk.a2a import asgi
-from crosstalk.a2a.control import ControlHandler
+from crosstalk.a2a.control import ClaimHandler
 from crosstalk.a2a.handler import CrossTalkRequestHandler
 from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import JournalTaskStore
@@ -32,7 +32,7 @@ from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Sender
 from crosstalk.core.states import MessageState
-from crosstalk.receiver import Entry, Receiver
+from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.registry import Registry
 
 
@@ -55,7 +55,7 @@ class A2AServer:
                  lane: Lane, limits: Limits | None = None, description: str | None = None,
                  max_wait_seconds: float = 900.0, expire_asks: bool = True,
                  retention_seconds: float = RETENTION_SECONDS,
-                 control_handler: ControlHandler | None = None) -> None:
+                 claim_handler: ClaimHandler | None = None) -> None:
         if agent_id != receiver.agent_id:
             raise ValueError("the server and its receiver must belong to one agent")
         self.receiver = receiver
@@ -70,7 +70,7 @@ class A2AServer:
                              retention_seconds=retention_seconds)
         self.handler = CrossTalkRequestHandler(
             receiver, self.book, self.lane, name=name, max_wait_seconds=max_wait_seconds,
-            control_handler=control_handler)
+            claim_handler=claim_handler)
         self.tokens = asgi.BearerTokens(registry)
         self.url = "http://127.0.0.1"
         self._listener = asgi.Listener()
@@ -86,13 +86,13 @@ class A2AServer:
         self.handler.name = value
 
     @property
-    def control_handler(self) -> ControlHandler | None:
+    def claim_handler(self) -> ClaimHandler | None:
         """Claim/release handler (set by the Agent); ``None`` refuses control requests."""
-        return self.handler.control_handler
+        return self.handler.claim_handler
 
-    @control_handler.setter
-    def control_handler(self, value: ControlHandler | None) -> None:
-        self.handler.control_handler = value
+    @claim_handler.setter
+    def claim_handler(self, value: ClaimHandler | None) -> None:
+        self.handler.claim_handler = value
 
     @property
     def store(self) -> JournalTaskStore:
@@ -140,7 +140,7 @@ class A2AServer:
     def agent_card(self) -> pb.AgentCard:
         """Public card: no cwd, no CORS (seed R14); bearer required; JSON-RPC 1.0 only."""
         return asgi.agent_card(name=self.name, description=self.description, url=self.url,
-                               control=self.control_handler is not None)
+                               control=self.claim_handler is not None)
 
     def authenticate(self, authorization: Sequence[str]) -> Sender | None:
         """The verified sender for an ``Authorization`` header, or ``None``."""
@@ -149,7 +149,7 @@ class A2AServer:
     # -- tasks -------------------------------------------------------------------------
 
     def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
-                resumable: Sequence[Entry] | None = None) -> list[Entry]:
+                resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
         See :meth:`crosstalk.a2a.tasks.TaskBook.restore`.

@@ -5,8 +5,9 @@ A task is about its latest admitted message (the first, then each accepted conti
 (:meth:`TaskBook.on_entry`) re-derives the task on every state change and journals it through
 the :class:`~crosstalk.a2a.taskstore.JournalTaskStore` when anything changed.
 
-- ``accepted``/``queued`` complete an inform or command (``crosstalk.completion:
-  "delivered"``); an ask stays WORKING until ``receiver.close_ask`` answers it (COMPLETED,
+- The mapping is :mod:`crosstalk.core.tasks` (ADR 0004's table); here it is applied.
+- A delivered (``accepted``/``queued``) inform or command completes (``crosstalk.completion:
+  "delivered"``); an ask stays WORKING until ``receiver.end_ask`` answers it (COMPLETED,
   the reply as the status message, ``crosstalk.completion: "answered"``) or expires/closes
   it (FAILED). ``rejected`` → REJECTED (first message) / FAILED; ``unreachable`` → FAILED;
   ``canceled`` → CANCELED.
@@ -24,7 +25,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from a2a.types import a2a_pb2 as pb
@@ -41,8 +41,10 @@ from crosstalk.a2a.taskstore import (
 )
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import Kind, Message, Sender
-from crosstalk.core.states import AskState, IllegalTransition, MessageState, TaskState
-from crosstalk.receiver import Entry, Receiver, message_from_record
+from crosstalk.core.records import AskOpened, MessageSubmitted, parse_record
+from crosstalk.core.states import DELIVERED, AskState, IllegalTransition, MessageState, TaskState
+from crosstalk.core.tasks import TaskMessage, TaskView, derive_task
+from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.journal import JournalError
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ class Lane(Protocol):
     def error_listeners(self) -> list[Callable[[str], None]]:
         """Called with a message id when its dispatch could not start."""
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None: ...
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None: ...
 
     def arm(self, message_id: str, deadline_at: float) -> None: ...
 
@@ -130,7 +132,7 @@ class TaskBook:
                 return ref
         return None
 
-    def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Entry,
+    def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Inbound,
                     history: Sequence[pb.Message]) -> None:
         assert sender.agent_id is not None
         initial = T.REJECTED if entry.state is M.REJECTED else T.SUBMITTED
@@ -154,7 +156,7 @@ class TaskBook:
             self.receiver.admission.release_task(task_id)
         self.apply(task_id)
 
-    def on_entry(self, entry: Entry) -> None:
+    def on_entry(self, entry: Inbound) -> None:
         """Receiver listener: every state change of a message that belongs to a task."""
         task_id = self.store.task_for_message(entry.message_id)
         if task_id is None:
@@ -165,7 +167,7 @@ class TaskBook:
                 self._ask_deadlines[entry.message_id] = self.receiver.clock() + seconds
         if entry.state not in (M.SUBMITTED, M.DISPATCHING) and (
                 entry.ask is not None or entry.kind != Kind.ASK.value
-                or entry.state not in (M.ACCEPTED, M.QUEUED)):
+                or entry.state not in DELIVERED):
             self._pending.pop(entry.message_id, None)
         self.apply(task_id)
 
@@ -212,11 +214,13 @@ class TaskBook:
         latest = entries[-1] if entries else None
         if latest is None:
             return None
-        d = derive([e for e in entries if e is not None], latest, stored.state)
+        last = task_message(latest)
+        d = derive_task([task_message(e) for e in entries if e is not None], last,
+                        stored.state)
         task = copy_task(stored.task)
         task.status.state = wire_state(d.target)
         task.ClearField("metadata")
-        task.metadata.update(d.metadata)
+        task.metadata.update(task_metadata(d, last))
         task.status.ClearField("message")
         if d.status_text is not None:
             status = pb.Message(
@@ -268,7 +272,7 @@ class TaskBook:
             self.lane.arm(mid, deadline)
 
     def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
-                resumable: Sequence[Entry] | None = None) -> list[Entry]:
+                resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
         ``records`` default to ``receiver.journal.replay()``. ``resumable`` is what
@@ -309,18 +313,17 @@ class TaskBook:
     def _scan_records(self, recs: Sequence[Mapping[str, Any]]) -> dict[str, Message]:
         """Message bodies (to rebuild histories) and open asks' deadlines, from the journal."""
         bodies: dict[str, Message] = {}
-        for rec in recs:
-            if rec.get("subject") == "message" and rec.get("state") == M.SUBMITTED.value:
-                msg = message_from_record(rec)
+        for raw in recs:
+            rec = parse_record(raw)
+            if isinstance(rec, MessageSubmitted):
+                msg = rec.message()
                 if msg is not None:
                     bodies[msg.message_id] = msg
-            elif rec.get("subject") == "ask" and rec.get("state") == AskState.OPEN.value:
-                deadline = rec.get("deadline_at")
-                if isinstance(rec.get("id"), str) and isinstance(deadline, int | float):
-                    self._ask_deadlines[str(rec["id"])] = float(deadline)
+            elif isinstance(rec, AskOpened) and rec.deadline_at is not None:
+                self._ask_deadlines[rec.id] = rec.deadline_at
         return bodies
 
-    def _adopt(self, entry: Entry, msg: Message | None) -> None:
+    def _adopt(self, entry: Inbound, msg: Message | None) -> None:
         """A first message journaled before its task record (a crash in between): its task."""
         owner = entry.sender.agent_id
         if msg is None or owner is None:
@@ -335,71 +338,26 @@ class TaskBook:
         self.receiver.admission.pending_tasks.add(task_id)
 
 
-# -- derivation (pure) --------------------------------------------------------------------
+# -- derivation (pure: the mapping itself is crosstalk.core.tasks) --------------------------
 
 
-@dataclass(frozen=True)
-class Derived:
-    target: TaskState
-    metadata: dict[str, Any]
-    #: The message the status speaks about (the answered ask, else the latest message).
-    about: Entry
-    answered: bool
-    status_text: str | None
+def task_message(entry: Inbound) -> TaskMessage:
+    """What the task mapping needs of a receiver entry."""
+    return TaskMessage(entry.message_id, entry.state, entry.kind, entry.reason, entry.ask,
+                       entry.reply_text)
 
 
-def derive(entries: Sequence[Entry], latest: Entry, current: TaskState) -> Derived:
-    """A task's state and ``crosstalk.*`` metadata from its messages' receiver entries."""
-    answered = next((e for e in entries if e.ask is AskState.ANSWERED), None)
-    open_ask = any(e.ask is AskState.OPEN for e in entries)
-    completion: str | None = None
-    status_text: str | None = None
-    reason = latest.reason
-    if answered is not None:
-        target, completion = T.COMPLETED, wire.COMPLETION_ANSWERED
-        status_text = answered.reply_text or ""
-    else:
-        target = target_state(latest, open_ask=open_ask)
-        if target is T.COMPLETED:
-            completion = wire.COMPLETION_DELIVERED
-        if latest.kind == Kind.ASK.value and latest.ask in (AskState.EXPIRED, AskState.CLOSED):
-            reason = f"ask_{latest.ask.value}"
-        if target in (T.REJECTED, T.FAILED):
-            status_text = f"{latest.state.value}: {reason or 'no reason given'}"
-    if target is T.REJECTED and current is not T.SUBMITTED:
-        target = T.FAILED  # only a task that never started may be "rejected"
-    if target is T.SUBMITTED and current is not T.SUBMITTED:
-        target = current  # a pending continuation does not move a task back
+def task_metadata(view: TaskView, latest: TaskMessage) -> dict[str, Any]:
+    """The task's ``crosstalk.*`` metadata: about its latest message, and its ask."""
     meta: dict[str, Any] = {wire.MESSAGE_ID: latest.message_id,
                             wire.STATE: latest.state.value, wire.TASK_KIND: latest.kind}
-    if reason:
-        meta[wire.REASON] = reason
-    if completion:
-        meta[wire.COMPLETION] = completion
-    about = answered or latest
-    if about.ask is not None:
-        meta[wire.ASK] = about.ask.value
-    return Derived(target, meta, about, answered is not None, status_text)
-
-
-def target_state(entry: Entry, *, open_ask: bool = False) -> TaskState:
-    """The task state one message's receiver state implies (ADR 0004 table)."""
-    s = entry.state
-    if s is M.SUBMITTED:
-        return T.SUBMITTED
-    if s is M.CANCELED:
-        return T.CANCELED
-    if s is M.DISPATCHING or open_ask or s is M.UNKNOWN:
-        return T.WORKING
-    if s in (M.ACCEPTED, M.QUEUED):
-        if entry.kind == Kind.ASK.value:
-            if entry.ask in (AskState.EXPIRED, AskState.CLOSED):
-                return T.FAILED
-            return T.WORKING if entry.ask is not AskState.ANSWERED else T.COMPLETED
-        return T.COMPLETED
-    if s is M.REJECTED:
-        return T.REJECTED
-    return T.FAILED  # unreachable (recovered/bounced never belong to an A2A task)
+    if view.reason:
+        meta[wire.REASON] = view.reason
+    if view.completion is not None:
+        meta[wire.COMPLETION] = view.completion.value
+    if view.about.ask is not None:
+        meta[wire.ASK] = view.about.ask.value
+    return meta
 
 
 def stamp(task: pb.Task, now: float) -> None:

@@ -2,16 +2,18 @@
 
 Every task change is one journal record, written and fsynced **before** the save returns::
 
-    {"type": "task", "subject": "task", "id": <task_id>, "state": <TaskState value>,
-     "owner": <agent_id of the creating sender>, "refs": [<message ids of the task>],
-     "task": <the Task as JSON, MessageToDict, without ``history``>}
+    TaskRecord(id=<task_id>, state=<TaskState>, owner=<agent_id of the creating sender>,
+               refs=[<message ids of the task>],
+               task=<the Task as JSON, MessageToDict, without ``history``>)
 
 Why it is shaped like this:
 
 - ``subject``/``id``/``state``/``refs`` are what retention reads (``crosstalk.core.retention``):
   an open task and its messages form one dependency set, so neither outlives the other.
-- ``state`` is checked against the one transition table (``crosstalk.core.states``); a task
-  never leaves a terminal state. A save that changes only metadata is not a transition.
+- ``state`` is the task machine's answer (``crosstalk.core.states``) to the event that leads
+  to the task's new state (``TASK_EVENT_FOR``); a task never leaves a terminal state. A save
+  that changes only metadata is not a transition. :meth:`JournalTaskStore.load` folds the
+  journal through the same table: an illegal task sequence on disk is reported, not adopted.
 - ``history`` is left out of the record: every inbound message is already journaled by the
   receiver with its text, and copying up to 64 KiB per message into every task change could
   outgrow the journal's line cap (R10). :meth:`JournalTaskStore.load` returns tasks with an
@@ -46,13 +48,14 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import Sender
-from crosstalk.core.states import TaskState, check_transition, machine
+from crosstalk.core.records import TaskDeleted, TaskRecord
+from crosstalk.core.replay import Folder
+from crosstalk.core.states import Subject, TaskState, machine, task_next
+from crosstalk.core.tasks import TASK_EVENT_FOR
 from crosstalk.store.journal import Journal
 
 log = logging.getLogger(__name__)
 
-RECORD_TYPE = "task"
-DELETED_TYPE = "task_deleted"
 #: Where the verified sender sits in a ``ServerCallContext.state`` (set by the bearer guard).
 SENDER_KEY = "crosstalk.sender"
 
@@ -87,7 +90,7 @@ def task_state(task: pb.Task) -> TaskState:
 
 
 def is_terminal(state: TaskState) -> bool:
-    return machine("task").is_terminal(state.value)
+    return machine(Subject.TASK).is_terminal(state.value)
 
 
 def sender_of(context: ServerCallContext | None) -> Sender | None:
@@ -151,20 +154,18 @@ class JournalTaskStore(TaskStore):
         if prev is not None and prev.owner != owner:
             raise TaskStoreError(f"task {task.id} belongs to another principal")
         new_state = task_state(task)
-        if prev is None:
-            check_transition("task", None, new_state.value)
-        elif prev.state is not new_state:
-            check_transition("task", prev.state.value, new_state.value)
+        if prev is None or prev.state is not new_state:
+            # The event that leads to the new state, asked of the table from the current one.
+            new_state = task_next(prev.state if prev is not None else None,
+                                  TASK_EVENT_FOR[new_state])
         ids = list(dict.fromkeys(refs if refs is not None else (prev.refs if prev else [])))
         updated_at = self._clock()
         if durable:
             stored_json = copy_task(task)
             stored_json.ClearField("history")
-            written = self.journal.append({
-                "type": RECORD_TYPE, "subject": "task", "id": task.id,
-                "state": new_state.value, "owner": owner, "refs": ids,
-                "task": MessageToDict(stored_json),
-            })
+            written = self.journal.append(TaskRecord(
+                id=task.id, state=new_state, owner=owner, refs=tuple(ids),
+                task=MessageToDict(stored_json)).to_dict())
             ts = written.get("ts")
             if isinstance(ts, int | float):
                 updated_at = float(ts)
@@ -210,32 +211,29 @@ class JournalTaskStore(TaskStore):
         """
         now = self._clock() if now is None else now
         latest: dict[str, StoredTask] = {}
-        for rec in records:
-            kind = rec.get("type")
-            tid = rec.get("id")
-            if not isinstance(tid, str) or not tid:
+        folder = Folder()
+        for raw in records:
+            rec, violation = folder.step(raw)
+            if isinstance(rec, TaskDeleted):
+                latest.pop(rec.id, None)
                 continue
-            if kind == DELETED_TYPE:
-                latest.pop(tid, None)
+            if not isinstance(rec, TaskRecord) or not rec.id:
                 continue
-            if kind != RECORD_TYPE or rec.get("subject") != "task":
+            if violation is not None:
+                log.warning("not adopting task record: %s", violation)
                 continue
-            owner, body = rec.get("owner"), rec.get("task")
-            if not isinstance(owner, str) or not isinstance(body, dict):
+            if rec.owner is None or rec.task is None:
                 continue
             try:
-                task = ParseDict(body, pb.Task(), ignore_unknown_fields=True)
+                task = ParseDict(dict(rec.task), pb.Task(), ignore_unknown_fields=True)
                 task_state(task)
             except (ParseError, TaskStoreError, ValueError, TypeError) as exc:
-                log.warning("skipping unreadable task record for %s: %s", tid, exc)
+                log.warning("skipping unreadable task record for %s: %s", rec.id, exc)
                 continue
-            if task.id != tid:
+            if task.id != rec.id:
                 continue
-            refs_raw = rec.get("refs")
-            refs = [r for r in refs_raw if isinstance(r, str)] if isinstance(refs_raw, list) else []
-            ts = rec.get("ts")
-            latest[tid] = StoredTask(task, owner, refs, float(ts) if isinstance(
-                ts, int | float) else now)
+            latest[rec.id] = StoredTask(task, rec.owner, list(rec.refs),
+                                        rec.ts if rec.ts is not None else now)
         self._tasks.clear()
         self._by_message.clear()
         kept: list[StoredTask] = []
@@ -269,7 +267,7 @@ class JournalTaskStore(TaskStore):
         stored = self.owned(task_id, sender.agent_id if sender else None)
         if stored is None:
             return
-        self.journal.append({"type": DELETED_TYPE, "id": task_id, "refs": list(stored.refs)})
+        self.journal.append(TaskDeleted(id=task_id, refs=tuple(stored.refs)).to_dict())
         self.forget(task_id)
 
     # -- listing -------------------------------------------------------------------------

@@ -8,15 +8,12 @@
 - :mod:`crosstalk.agent.outbound` — what the agent sends: A2A messages, claims, native informs.
 """
 
-from crosstalk.agent.claims import CLAIM_RECORD, CROSSTALK_SENDER
+from crosstalk.agent.claims import CROSSTALK_SENDER
 from crosstalk.agent.core import Agent, AgentSpec
-from crosstalk.agent.outbound import NATIVE_SEND_RECORD
 from crosstalk.agent.replies import ReplyRefused
 
 __all__ = [
-    "CLAIM_RECORD",
     "CROSSTALK_SENDER",
-    "NATIVE_SEND_RECORD",
     "Agent",
     "AgentSpec",
     "ReplyRefused",

@@ -7,13 +7,15 @@ latest claim record journaled under this session decides the role (:func:`claim_
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Kind, Message, Sender
-from crosstalk.core.policy import ClaimState, ControlResult, Verdict, check_claim, check_release
-from crosstalk.core.states import ClaimStatus
+from crosstalk.core.policy import ClaimState, ControlResult, check_claim, check_release
+from crosstalk.core.records import ClaimRecord, parse_record
+from crosstalk.core.states import ClaimEvent, ClaimStatus, claim_next
 from crosstalk.receiver import ReceiverUnavailable
 from crosstalk.store.journal import JournalError
 from crosstalk.store.registry import RegistryError
@@ -23,13 +25,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The journal record type of a claim on this agent (seed §5 "claims on this agent").
-CLAIM_RECORD = "claim"
 #: Who the target session is told a claim or release came through.
 CROSSTALK_SENDER = Sender(agent_id=None, name="crosstalk", ingress=Ingress.LOCAL)
 
 
-def claim_state(records: list[dict[str, Any]],
+def claim_state(records: Iterable[Mapping[str, Any]],
                  session: tuple[str, str] | None = None) -> ClaimState:
     """The latest claim record in an agent's journal decides its role (seed §7).
 
@@ -38,16 +38,16 @@ def claim_state(records: list[dict[str, Any]],
     but a claim recorded under another binding never applies to this one.
     """
     owner: str | None = None
-    for rec in records:
-        if rec.get("type") != CLAIM_RECORD:
+    for raw in records:
+        rec = parse_record(raw)
+        if not isinstance(rec, ClaimRecord):
             continue
         if session is not None:
-            binding = rec.get("binding")
-            if not isinstance(binding, dict) or (
-                    binding.get("harness"), binding.get("session_ref")) != session:
+            binding = rec.binding
+            if binding is None or (binding.get("harness"),
+                                   binding.get("session_ref")) != session:
                 continue
-        value = rec.get("owner")
-        owner = value if isinstance(value, str) else None
+        owner = rec.owner
     return ClaimState(owner)
 
 
@@ -75,22 +75,24 @@ async def apply_control(agent: Agent, sender: Sender, op: str) -> ControlResult:
                              failed=True)
     if op == "claim":
         verdict = check_claim(sender, agent.agent_id, current)
-        owner, status = sender.agent_id, ClaimStatus.CLAIMED
+        owner, event = sender.agent_id, ClaimEvent.CLAIMED
     elif op == "release":
         verdict = check_release(sender, agent.agent_id, current)
-        owner, status = None, ClaimStatus.RELEASED
+        owner, event = None, ClaimEvent.RELEASED
     else:
-        verdict, owner, status = Verdict.deny("bad_control"), None, ClaimStatus.RELEASED
+        return ControlResult(False, "bad_control", current.role, current.owner)
     if not verdict.ok:
         return ControlResult(False, verdict.reason, current.role, current.owner)
     binding = agent.receiver.binding
-    record = {"type": CLAIM_RECORD, "subject": "claim", "id": agent.agent_id,
-              "state": status.value, "owner": owner, "by": sender.agent_id,
-              "by_name": sender.name, "op": op,
-              "previous": agent.claim.owner if agent.claim.owner != owner else None,
-              "binding": binding.as_record() if binding is not None else None}
+    # The journaled claim (not the effective one): a claim over an owner that is gone is
+    # claimed -> claimed.
+    status = claim_next(ClaimStatus.CLAIMED if agent.claim.owner is not None else None, event)
+    record = ClaimRecord(id=agent.agent_id, state=status, owner=owner, by=sender.agent_id,
+                         by_name=sender.name, op=op,
+                         previous=agent.claim.owner if agent.claim.owner != owner else None,
+                         binding=binding.as_record() if binding is not None else None)
     try:
-        agent.journal.append(record)
+        agent.journal.append(record.to_dict())
     except JournalError as exc:
         log.error("agent %s: %s by %s not journaled: %s", agent.agent_id, op,
                   sender.agent_id, exc)

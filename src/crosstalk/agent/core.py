@@ -29,15 +29,15 @@ from crosstalk.a2a.server import A2AServer
 from crosstalk.agent import claims, outbound, replies
 from crosstalk.agent.claims import claim_state
 from crosstalk.agent.lane import DispatchLane
-from crosstalk.agent.replies import reply_state
+from crosstalk.agent.replies import ReplyProgress, reply_state
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id
-from crosstalk.core.mailbox import RECEIPT_RECORD
 from crosstalk.core.message import Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import ClaimState, ControlResult, TargetRole
+from crosstalk.core.records import ReceiptRecord, Record
 from crosstalk.core.states import MessageState, ReplyState
 from crosstalk.harness.base import (
     Binding,
@@ -101,7 +101,7 @@ class Agent:
         self.a2a: A2AServer | None = None
         self.descriptor: Descriptor | None = None
         self.http: httpx.AsyncClient | None = None
-        self.reply_states: dict[str, dict[str, Any]] = {}
+        self.reply_states: dict[str, ReplyProgress] = {}
         #: All the agent's background work: the dispatch lane, the ask clock, recovery.
         self.group = TaskGroup(f"agent {self.agent_id}")
         self.lane: DispatchLane | None = None
@@ -248,14 +248,14 @@ class Agent:
             raise RegistryError("agent is not registered")
         return self.journal.replay().records
 
-    def journal_event(self, record: dict[str, Any]) -> None:
+    def journal_event(self, record: Record) -> None:
         """Journal a record that gates nothing (e.g. a nudge); a failure is only logged."""
         if self.journal is None:
             return
         try:
-            self.journal.append(record)
+            self.journal.append(record.to_dict())
         except JournalError:
-            log.warning("agent %s: could not journal %s", self.agent_id, record.get("type"))
+            log.warning("agent %s: could not journal %s", self.agent_id, record.subject)
 
     def _on_control(self, frame: Mapping[str, Any], pid: int | None,
                     start: str | None) -> None:
@@ -272,28 +272,24 @@ class Agent:
         entry = self.receiver.entries.get(receipt.message_id)
         if entry is None and receipt.message_id not in self.native_sends:
             return  # another agent's frame (receipts are tracked per process)
-        self.journal_event({"type": RECEIPT_RECORD, "id": receipt.message_id,
-                            "status": receipt.status, "reason": receipt.reason})
+        self.journal_event(ReceiptRecord(id=receipt.message_id, status=receipt.status,
+                                         reason=receipt.reason))
         if entry is None or entry.state is not MessageState.UNKNOWN:
             if receipt.status == "dropped":
                 log.warning("agent %s: %s was dropped by the session after it was taken "
                             "(%s)", self.agent_id, receipt.message_id, receipt.reason)
             return
-        settled = {"delivered": (MessageState.ACCEPTED, None),
-                   "denied": (MessageState.UNREACHABLE, "receipt_denied"),
-                   "expired": (MessageState.UNREACHABLE, "receipt_expired")}.get(receipt.status)
-        if settled is not None:
-            try:
-                self.receiver.resolve(receipt.message_id, *settled)
-            except ReceiverUnavailable as exc:
-                log.warning("agent %s: receipt not applied: %s", self.agent_id, exc)
+        try:
+            self.receiver.settle_by_receipt(receipt.message_id, receipt.status)
+        except ReceiverUnavailable as exc:
+            log.warning("agent %s: receipt not applied: %s", self.agent_id, exc)
 
     def _wire_claims(self, records: list[dict[str, Any]]) -> None:
         """At start, after the A2A server exists: claims from *this* session only, and the
         server's control hook. (One line in :meth:`start`; kept apart so it stays one.)"""
         self.claim = claim_state(records, (self.spec.harness.name, self.spec.session_ref))
         if self.a2a is not None:
-            self.a2a.control_handler = self.apply_control
+            self.a2a.claim_handler = self.apply_control
 
     def effective_claim(self) -> ClaimState:
         """The claim as policy sees it: an owner that is no longer registered counts as absent
@@ -341,8 +337,7 @@ class Agent:
         stopped (R5), and ambiguous dispatches are reconciled, side by side."""
         async with asyncio.TaskGroup() as recovery:
             for message_id, prior in self.reply_states.items():
-                if prior["state"] == ReplyState.PENDING.value and isinstance(
-                        prior.get("to"), str):
+                if prior.state is ReplyState.PENDING and prior.to is not None:
                     recovery.create_task(replies.resume_reply(self, message_id, prior))
             recovery.create_task(self._reconcile_unknown())
 

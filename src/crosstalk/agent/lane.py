@@ -4,10 +4,10 @@
 continuations, uds frames of both shapes, restart resumptions — is dispatched here, one at a
 time, in the order it was submitted. A message waits SUBMITTED (and cancelable) until the
 messages before it were injected; CancelTask wins exactly when it runs before the lane's
-dispatch claim (seed 22), because the claim is :meth:`Receiver.dispatch`'s first write. A
+dispatch lock (seed 22), because the lock is :meth:`Receiver.dispatch`'s first write. A
 failed dispatch is logged and recorded in :attr:`DispatchLane.errors`; the lane goes on.
 
-**Ask clock.** An open ask whose deadline passes is expired (``receiver.close_ask(EXPIRED)``,
+**Ask clock.** An open ask whose deadline passes is expired (``receiver.end_ask(EXPIRED)``,
 which fails its task). One clock task sleeps until the earliest armed deadline.
 
 **Stop.** :meth:`DispatchLane.close`: the dispatch in flight gets its grace to finish, then is
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crosstalk.agent.taskgroup import TaskGroup
-from crosstalk.core.states import AskState, IllegalTransition
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.core.states import AskEvent, AskState, IllegalTransition
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ DISPATCH_GRACE = 2.0
 
 @dataclass
 class _Item:
-    entry: Entry
+    entry: Inbound
     resume: bool
     #: Callers awaiting this dispatch's result (:meth:`DispatchLane.dispatch`).
     waiters: list[asyncio.Future[Result]] = field(default_factory=list)
@@ -95,12 +95,12 @@ class DispatchLane:
 
     # -- dispatch ----------------------------------------------------------------------
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None:
         """Queue ``entry`` for dispatch (``resume``: re-run it from policy, seed R2); a
         message already in the lane is not queued twice."""
         self._enqueue(entry, resume)
 
-    async def dispatch(self, entry: Entry) -> Result:
+    async def dispatch(self, entry: Inbound) -> Result:
         """Dispatch ``entry`` in lane order and return its result.
 
         With nothing queued or in flight its turn is now: it is dispatched in the caller's
@@ -127,7 +127,7 @@ class DispatchLane:
         """Wait until every message submitted so far has been dispatched."""
         await self._drained.wait()
 
-    def _enqueue(self, entry: Entry, resume: bool) -> _Item | None:
+    def _enqueue(self, entry: Inbound, resume: bool) -> _Item | None:
         if self._closed:
             return None
         item = self._items.get(entry.message_id)
@@ -223,7 +223,7 @@ class DispatchLane:
         if entry is None or entry.ask is not AskState.OPEN:
             return
         try:
-            self.receiver.close_ask(message_id, AskState.EXPIRED)
+            self.receiver.end_ask(message_id, AskEvent.EXPIRED)
         except (KeyError, IllegalTransition, ReceiverUnavailable) as exc:
             log.error("could not expire ask %s: %s", message_id, exc)
 

@@ -12,7 +12,8 @@ import httpx
 from crosstalk.a2a import client as a2a_client
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
-from crosstalk.core.states import MessageState
+from crosstalk.core.records import NativeSendAttempted, NativeSendEnded
+from crosstalk.core.states import MessageState, NativeSendEvent, Subject, process_event
 from crosstalk.harness.base import Delivery, Discovery, Outcome, Session
 from crosstalk.receiver import ReceiverUnavailable
 from crosstalk.store.journal import JournalError
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The journal record of an inform this agent put into a session without CrossTalk.
-NATIVE_SEND_RECORD = "native_send"
+def native_send_next(state: MessageState | None, event: NativeSendEvent,
+                     outcome: MessageState | None = None) -> MessageState:
+    """Where ``event`` moves a native send (the table's ``native_send`` machine)."""
+    return MessageState(process_event(Subject.NATIVE_SEND, state, event, outcome))
 
 
 async def control_peer(agent: Agent, to: str, op: str) -> tuple[Descriptor | None,
@@ -99,8 +102,9 @@ async def send_native(agent: Agent, discovery: Discovery, session: Session, text
     agent.native_sends.add(mid)
     to = f"{session.harness}:{session.session_ref}"
     try:
-        agent.journal.append({"type": NATIVE_SEND_RECORD, "id": mid, "to": to,
-                             "to_name": session.name, "state": "dispatching"})
+        agent.journal.append(NativeSendAttempted(
+            id=mid, state=native_send_next(None, NativeSendEvent.ATTEMPTED), to=to,
+            to_name=session.name).to_dict())
     except JournalError as exc:
         raise ReceiverUnavailable(str(exc)) from None
     claim = agent.effective_claim()
@@ -113,7 +117,7 @@ async def send_native(agent: Agent, discovery: Discovery, session: Session, text
     except Exception as exc:  # after the attempt began: ambiguous, never resent
         log.warning("agent %s: native send to %s failed: %r", agent.agent_id, to, exc)
         outcome = Outcome(MessageState.UNKNOWN, "native_send_failed")
-    agent.journal_event({"type": NATIVE_SEND_RECORD, "id": mid, "to": to,
-                        "state": outcome.state.value, "reason": outcome.reason})
+    ended = native_send_next(MessageState.DISPATCHING, NativeSendEvent.INJECTED, outcome.state)
+    agent.journal_event(NativeSendEnded(id=mid, state=ended, to=to, reason=outcome.reason))
     return a2a_client.SendResult(message_id=mid, state=outcome.state.value,
                                  reason=outcome.reason)

@@ -7,11 +7,24 @@ resumes from its stage (:func:`resume_reply`) instead of answering twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crosstalk.core.ids import new_message_id
-from crosstalk.core.states import AskState, MessageState, ReplyState
-from crosstalk.receiver import Entry
+from crosstalk.core.records import ReplyEnded, ReplyStaged, parse_record
+from crosstalk.core.states import (
+    ASK_UNANSWERED,
+    DELIVERED,
+    AskEvent,
+    AskState,
+    ReplyEvent,
+    ReplyState,
+    reply_event_for_send,
+    reply_next,
+    send_result_state,
+)
+from crosstalk.receiver import Inbound
 from crosstalk.store.journal import JournalError
 from crosstalk.store.registry import RegistryError
 
@@ -19,7 +32,6 @@ if TYPE_CHECKING:
     from crosstalk.agent.core import Agent
 
 log = logging.getLogger(__name__)
-_SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
 
 
 class ReplyRefused(Exception):
@@ -30,17 +42,29 @@ class ReplyRefused(Exception):
         self.reason, self.hint = reason, hint
 
 
-def reply_state(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+@dataclass
+class ReplyProgress:
+    """One inbound message's reply and how far it got (R5: a restart resumes from here)."""
+
+    reply_id: str | None
+    text: str | None
+    #: The asker's agent_id.
+    to: str | None
+    state: ReplyState = ReplyState.PENDING
+    #: What the reply tool returned (message_id, state, reason, in_reply_to), once sent.
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def reply_state(records: Iterable[Mapping[str, Any]]) -> dict[str, ReplyProgress]:
     """Each answered inbound message's reply (id, text, to, stage, result), from the journal."""
-    replies: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        if rec.get("subject") != "reply" or not isinstance(rec.get("id"), str):
-            continue
-        if rec.get("state") == ReplyState.PENDING.value:
-            replies[rec["id"]] = {"reply_id": rec.get("reply_id"), "text": rec.get("text"),
-                                  "to": rec.get("to"), "state": "pending", "result": {}}
-        elif rec["id"] in replies:
-            replies[rec["id"]].update(state=rec.get("state"), result=rec.get("result") or {})
+    replies: dict[str, ReplyProgress] = {}
+    for raw in records:
+        rec = parse_record(raw)
+        if isinstance(rec, ReplyStaged):
+            replies[rec.id] = ReplyProgress(rec.reply_id, rec.text, rec.to)
+        elif isinstance(rec, ReplyEnded) and rec.id in replies:
+            progress = replies[rec.id]
+            progress.state, progress.result = rec.state, dict(rec.result)
     return replies
 
 
@@ -54,7 +78,7 @@ async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
     if agent.receiver is None or agent.journal is None:
         raise RegistryError("agent is not registered")
     entry = agent.receiver.entries.get(message_id)
-    if entry is None or entry.state not in (MessageState.ACCEPTED, MessageState.QUEUED):
+    if entry is None or entry.state not in DELIVERED:
         raise ReplyRefused("no_such_message", "no delivered inbound message has that id; "
                            "see receive_message, or use send_message")
     if not entry.sender.verified or entry.sender.agent_id is None:
@@ -63,11 +87,11 @@ async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
     prior = agent.reply_states.get(message_id)
     ask = ask_entry(agent, message_id)
     if prior is not None:
-        if prior["text"] != text:
+        if prior.text != text:
             raise ReplyRefused("already_replied", "this message was already answered")
-        if prior["state"] != ReplyState.PENDING.value:
-            return dict(prior["result"])
-    elif ask is not None and ask.ask in (AskState.EXPIRED, AskState.CLOSED):
+        if prior.state is not ReplyState.PENDING:
+            return dict(prior.result)
+    elif ask is not None and ask.ask in ASK_UNANSWERED:
         raise ReplyRefused("ask_closed", "the ask's deadline passed or it was closed; "
                            "send_message reaches the asker if it still matters")
     elif ask is not None and ask.ask is AskState.ANSWERED:
@@ -77,29 +101,30 @@ async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
         raise ReplyRefused("ask_closed", "an inform can be answered with reply for an "
                            "hour after it arrived; use send_message now")
     else:
-        prior = {"reply_id": new_message_id(), "text": text, "to": entry.sender.agent_id,
-                 "state": ReplyState.PENDING.value, "result": {}}
+        staged = ReplyStaged(id=message_id, state=reply_next(None, ReplyEvent.STAGED),
+                             reply_id=new_message_id(), text=text, to=entry.sender.agent_id,
+                             refs=(message_id,))
         try:
-            agent.journal.append({"subject": "reply", "id": message_id, "state": "pending",
-                                 "reply_id": prior["reply_id"], "text": text,
-                                 "to": entry.sender.agent_id, "refs": [message_id]})
+            agent.journal.append(staged.to_dict())
         except JournalError:
             raise ReplyRefused("journal_unavailable", "the reply could not be recorded; "
                                "nothing was sent, try again") from None
+        prior = ReplyProgress(staged.reply_id, text, staged.to, staged.state)
         agent.reply_states[message_id] = prior
     return await complete_reply(agent, message_id, prior)
 
 
-async def complete_reply(agent: Agent, message_id: str, prior: dict[str, Any]) -> dict[str, Any]:
+async def complete_reply(agent: Agent, message_id: str,
+                         prior: ReplyProgress) -> dict[str, Any]:
     """The stages after the obligation: answer the ask (completes its task), forward."""
     assert agent.receiver is not None
     ask = ask_entry(agent, message_id)
     if ask is not None and ask.ask is AskState.OPEN:
-        agent.receiver.close_ask(ask.message_id, AskState.ANSWERED, prior["text"])
-    return await forward_reply(agent, message_id, str(prior["to"]), prior)
+        agent.receiver.end_ask(ask.message_id, AskEvent.ANSWERED, prior.text)
+    return await forward_reply(agent, message_id, str(prior.to), prior)
 
 
-def ask_entry(agent: Agent, message_id: str) -> Entry | None:
+def ask_entry(agent: Agent, message_id: str) -> Inbound | None:
     """The ask a reply to ``message_id`` answers: that message's own, or, for a
     continuation of an ask's task, the ask that opened it (R6)."""
     if agent.receiver is None:
@@ -114,7 +139,7 @@ def ask_entry(agent: Agent, message_id: str) -> Entry | None:
     return entry
 
 
-async def resume_reply(agent: Agent, message_id: str, prior: dict[str, Any]) -> None:
+async def resume_reply(agent: Agent, message_id: str, prior: ReplyProgress) -> None:
     try:
         await complete_reply(agent, message_id, prior)
     except Exception:
@@ -123,23 +148,25 @@ async def resume_reply(agent: Agent, message_id: str, prior: dict[str, Any]) -> 
 
 
 async def forward_reply(agent: Agent, message_id: str, to_agent: str,
-                         prior: dict[str, Any]) -> dict[str, Any]:
+                        prior: ReplyProgress) -> dict[str, Any]:
     assert agent.journal is not None
-    res = await agent.send(to_agent, prior["text"], message_id=prior["reply_id"],
-                          in_reply_to=message_id)
-    gone = res.reason in ("no_such_agent", "ambiguous_name")  # the asker is no more
-    state = (ReplyState.FORWARDED if res.state in ("accepted", "queued")
-             else ReplyState.UNREACHABLE if res.state in ("unreachable", "rejected") or gone
-             else ReplyState.PENDING)
-    result = {"message_id": prior["reply_id"], "state": res.state if res.state in
-              _SEND_STATES else "unknown", "reason": res.reason, "in_reply_to": message_id}
-    if state is not ReplyState.PENDING:
-        try:
-            agent.journal.append({"subject": "reply", "id": message_id,
-                                 "state": state.value, "result": result})
-        except JournalError:
-            # Forwarded, but not recorded: a resume re-sends with the same reply id, and
-            # the asker's receiver answers that retry from its dedupe record.
-            log.warning("agent %s: reply outcome not journaled", agent.agent_id)
-    prior.update(state=state.value, result=result)
+    res = await agent.send(to_agent, prior.text or "", message_id=prior.reply_id,
+                           in_reply_to=message_id)
+    result = {"message_id": prior.reply_id, "state": send_result_state(res.state),
+              "reason": res.reason, "in_reply_to": message_id}
+    # Forwarded when delivered, unreachable when definitely not (or the asker is gone);
+    # anything else (unknown) stays pending and is resumed later.
+    event = reply_event_for_send(res.state, res.reason)
+    if event is not None:
+        state = reply_next(ReplyState.PENDING, event)
+        if prior.state is ReplyState.PENDING:  # not ended meanwhile by a concurrent forward
+            try:
+                agent.journal.append(ReplyEnded(id=message_id, state=state,
+                                                result=result).to_dict())
+            except JournalError:
+                # Forwarded, but not recorded: a resume re-sends with the same reply id, and
+                # the asker's receiver answers that retry from its dedupe record.
+                log.warning("agent %s: reply outcome not journaled", agent.agent_id)
+        prior.state = state
+    prior.result = result
     return result

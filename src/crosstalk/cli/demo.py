@@ -20,6 +20,7 @@ from typing import Any
 
 from crosstalk import proc
 from crosstalk.agent import Agent, AgentSpec
+from crosstalk.core.records import kind_of
 from crosstalk.harness.base import Binding, Delivery, Outcome
 from crosstalk.harness.claude import Injector
 from crosstalk.harness.claude.registry import ClaudeSession
@@ -90,7 +91,7 @@ class DemoHarness:
 
 
 def _journal_line(rec: dict[str, Any]) -> str:
-    what = rec.get("subject") or rec.get("type")
+    what = kind_of(rec)
     extra = rec.get("reason") or rec.get("evidence") or ""
     return f"seq {rec.get('seq'):>2}  {what:<8} {rec.get('state', '')!s:<11} {extra}"
 

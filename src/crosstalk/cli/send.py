@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from crosstalk.config import DELIVERY_TIMEOUT, uds_key_path
 from crosstalk.core.ids import new_message_id
+from crosstalk.core.states import DELIVERED
 from crosstalk.store.registry import Descriptor, Registry
 
 EXIT_OK = 0
@@ -39,7 +40,6 @@ EXIT_PARTIAL = 5
 #: What Claude Code's inbox accepts in one line (characters, without the newline).
 MAX_LINE = 1_048_576
 _ACK_LIMIT = 64 * 1024
-_OK_STATES = frozenset({"accepted", "queued"})
 
 
 class SendFailure(Exception):
@@ -191,7 +191,7 @@ class Sent:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.state in _OK_STATES else EXIT_STATE
+        return EXIT_OK if self.state in DELIVERED else EXIT_STATE
 
 
 def send(home: Path, to: str, text: str, *, timeout: float = DELIVERY_TIMEOUT,

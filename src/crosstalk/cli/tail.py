@@ -18,6 +18,7 @@ from typing import IO, Any
 from crosstalk.cli.send import EXIT_OK, SendFailure, resolve_target
 from crosstalk.config import journal_path
 from crosstalk.core.ids import is_agent_id
+from crosstalk.core.records import kind_of
 from crosstalk.store.journal import read_journal
 
 
@@ -48,7 +49,7 @@ def format_record(rec: Mapping[str, Any], senders: dict[str, str]) -> str:
         senders[rid] = str(label)
     elif isinstance(sender, str):
         senders.setdefault(rid, sender)
-    fields = [when, f"#{rec.get('seq', '-')}", str(rec.get("subject") or rec.get("type") or "-"),
+    fields = [when, f"#{rec.get('seq', '-')}", kind_of(rec) or "-",
               rid, str(rec.get("state") or "-"), str(rec.get("reason") or "-"),
               senders.get(rid, "-")]
     line = " ".join(fields)

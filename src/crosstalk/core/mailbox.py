@@ -54,7 +54,6 @@ from typing import Any
 from crosstalk.core.envelope import address_attr, escape_body
 from crosstalk.core.message import Sender
 from crosstalk.core.records import (
-    RECEIPT,
     AskEnded,
     AskOpened,
     MessageChange,
@@ -149,10 +148,6 @@ class Page:
 
 
 # -- folding ------------------------------------------------------------------------------
-
-
-#: The journal record type of a harness's receipt for a message (``Agent.apply_receipt``).
-RECEIPT_RECORD = RECEIPT
 
 
 def _sender(sender: Sender) -> tuple[str, str | None]:

@@ -82,7 +82,7 @@ class Message:
     #: exempt from dedupe (identical repeated text is legal, seed F6).
     native: bool = False
     #: Anything the wire carried that we keep for display (e.g. Claude's from-name), untrusted.
-    claimed: dict[str, str] = field(default_factory=dict)
+    asserted: dict[str, str] = field(default_factory=dict)
 
     @property
     def text_bytes(self) -> int:

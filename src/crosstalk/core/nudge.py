@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from crosstalk.core.records import NudgeRecord
 from crosstalk.core.states import UNDELIVERED
 
 #: The first count that fires a nudge; the next ones double it (60, 120, 240, ...). A guess.
@@ -49,9 +50,9 @@ class Nudge:
     count: int
     hint: str
 
-    def record(self) -> dict[str, object]:
+    def record(self) -> NudgeRecord:
         """The journal record of this firing (the journal stamps ``seq`` and ``ts``)."""
-        return {"type": "nudge", "peer": self.peer, "count": self.count}
+        return NudgeRecord(peer=self.peer, count=self.count)
 
 
 def is_threshold(count: int, first: int = NUDGE_FIRST) -> bool:

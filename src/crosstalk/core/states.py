@@ -19,8 +19,8 @@ the largest, is its own module beside it (:mod:`crosstalk.core.tasks`).
 Subjects:
 
 - ``message``: one inbound message at a receiver. ``submitted`` (deduped and journaled) →
-  ``dispatching`` (a dispatch claim: from here on it is never resent) → an outcome.
-  ``recovered`` is replay's verdict on a uds message that never got a claim (seed R2);
+  ``dispatching`` (a dispatch lock: from here on it is never resent) → an outcome.
+  ``recovered`` is replay's verdict on a uds message that never got a dispatch lock (seed R2);
   ``bounced`` is a native reply the shim refused to forward (seed ADR 0009).
 - ``ask``: the reply obligation an ask opens at its receiver: ``open`` until the reply tool
   answers it, its deadline passes, or its conversation goes away.
@@ -65,7 +65,7 @@ class MessageState(StrEnum):
     UNKNOWN = "unknown"
     RECOVERED = "recovered"
     BOUNCED = "bounced"
-    CANCELED = "canceled"  # an A2A CancelTask that won the race against the dispatch claim
+    CANCELED = "canceled"  # an A2A CancelTask that won the race against the dispatch lock
 
 
 class TaskState(StrEnum):
@@ -105,12 +105,12 @@ class MessageEvent(StrEnum):
     ADMITTED = "admitted"  # deduped, checked and journaled
     REJECTED = "rejected"  # a deterministic check failed: on arrival, on restart, on resume
     BOUNCED = "bounced"  # a native reply from our own session, never forwarded
-    CLAIMED_FOR_DISPATCH = "claimed_for_dispatch"
+    LOCKED_FOR_DISPATCH = "locked_for_dispatch"
     INJECTED = "injected"  # carries the harness's outcome
-    DISPATCH_INTERRUPTED = "dispatch_interrupted"  # cancelled, or a crash, after the claim
+    DISPATCH_INTERRUPTED = "dispatch_interrupted"  # cancelled, or a crash, after the lock
     UNDELIVERABLE = "undeliverable"  # no binding, or bound to another conversation
-    CANCELED = "canceled"  # the sender canceled it before the claim
-    RECOVERED = "recovered"  # a uds message a crash left unclaimed passed its re-check
+    CANCELED = "canceled"  # the sender canceled it before the lock
+    RECOVERED = "recovered"  # a uds message a crash left unlocked passed its re-check
     #: An outcome learned after the fact: a harness receipt (:func:`receipt_settlement`), a
     #: reconciler's positive evidence, seed "Server.Resolve". Carries the outcome.
     SETTLED = "settled"
@@ -276,7 +276,7 @@ MACHINES: Mapping[str, Machine] = {m.subject: m for m in (
         Subject.MESSAGE,
         starts={ME.ADMITTED: M.SUBMITTED, ME.REJECTED: M.REJECTED, ME.BOUNCED: M.BOUNCED},
         events={
-            M.SUBMITTED: {ME.CLAIMED_FOR_DISPATCH: M.DISPATCHING, ME.REJECTED: M.REJECTED,
+            M.SUBMITTED: {ME.LOCKED_FOR_DISPATCH: M.DISPATCHING, ME.REJECTED: M.REJECTED,
                           ME.RECOVERED: M.RECOVERED, ME.UNDELIVERABLE: M.UNREACHABLE,
                           ME.CANCELED: M.CANCELED},
             M.DISPATCHING: {ME.INJECTED: INJECTION_OUTCOMES, ME.DISPATCH_INTERRUPTED: M.UNKNOWN,

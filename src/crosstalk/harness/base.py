@@ -19,12 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from crosstalk.core.message import DeliveryMode, Message
-from crosstalk.core.states import MessageState
-
-#: The states an injection may end in (seed §8).
-OUTCOME_STATES = frozenset({
-    MessageState.ACCEPTED, MessageState.QUEUED, MessageState.UNREACHABLE, MessageState.UNKNOWN,
-})
+from crosstalk.core.states import INJECTION_OUTCOMES, MessageState
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ class Outcome:
     evidence: str | None = None
 
     def __post_init__(self) -> None:
-        if self.state not in OUTCOME_STATES:
+        if self.state not in INJECTION_OUTCOMES:
             raise ValueError(f"an injection cannot end in {self.state!r}")
 
 

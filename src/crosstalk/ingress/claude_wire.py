@@ -32,8 +32,8 @@ MAX_LINE = 1_048_576
 #: Claude Code closes a connection that sends no complete line within 30 s.
 IDLE_TIMEOUT = 30.0
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_CLAIMED_FIELDS = ("msg_id", "from", "priority", "session_id")
-_MAX_CLAIM_CHARS = 300
+_ASSERTED_FIELDS = ("msg_id", "from", "priority", "session_id")
+_MAX_ASSERTED_CHARS = 300
 
 
 class BadFrame(ValueError):
@@ -57,7 +57,7 @@ class UserFrame:
     message_id: str | None
     #: The kind the frame asks for; ``None`` when it names a kind outside the protocol.
     kind: Kind | None
-    claimed: dict[str, str]
+    asserted: dict[str, str]
 
 
 def parse_line(line: str) -> dict[str, Any]:
@@ -71,8 +71,8 @@ def parse_line(line: str) -> dict[str, Any]:
     return obj
 
 
-def _claim(value: object) -> str | None:
-    return value[:_MAX_CLAIM_CHARS] if isinstance(value, str) else None
+def _asserted_value(value: object) -> str | None:
+    return value[:_MAX_ASSERTED_CHARS] if isinstance(value, str) else None
 
 
 def _requested_kind(values: list[object]) -> Kind | None:
@@ -113,19 +113,20 @@ def user_frame(obj: Mapping[str, Any]) -> UserFrame:
                 raise BadFrame("crosstalk.message_id is not a uuid")
             message_id = mid.lower()
         meta_kind = meta.get("kind")
-    claimed = {k: v for k in _CLAIMED_FIELDS if (v := _claim(obj.get(k))) is not None}
+    asserted = {k: v for k in _ASSERTED_FIELDS if (v := _asserted_value(obj.get(k))) is not None}
     text = content
     envelope_kind: str | None = None
     envelope = parse_claude(content)
     if envelope is not None:
-        # The body is the message; every attribute is a claim (display only), and a nested
-        # envelope inside the body stays body text (parse_claude parses the outermost only).
+        # The body is the message; every attribute is an untrusted assertion (display only),
+        # and a nested envelope inside the body stays body text (parse_claude parses the
+        # outermost only).
         text = envelope.body
         for name, value in (*envelope.attrs.items(), *envelope.foreign.items()):
-            claimed[f"envelope.{name}"] = value[:_MAX_CLAIM_CHARS]
+            asserted[f"envelope.{name}"] = value[:_MAX_ASSERTED_CHARS]
         envelope_kind = envelope.foreign.get("kind")
     kind = _requested_kind([meta_kind, obj.get("kind"), envelope_kind])
-    return UserFrame(text=text, message_id=message_id, kind=kind, claimed=claimed)
+    return UserFrame(text=text, message_id=message_id, kind=kind, asserted=asserted)
 
 
 def ack_line(message_id: str | None, state: str, reason: str | None) -> bytes:

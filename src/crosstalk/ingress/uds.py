@@ -59,7 +59,7 @@ from crosstalk.ingress.claude_wire import (
 )
 from crosstalk.ingress.peers import Peer, matches_peer, peer_of, verified
 from crosstalk.ingress.socket_files import IngressError, clear_stale_socket, private_dir
-from crosstalk.receiver import Entry, Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 from crosstalk.store.files import unlink_durable, write_atomic
 from crosstalk.store.registry import Descriptor, Registry
 
@@ -80,16 +80,16 @@ _SETTLE_TURNS = 8
 
 
 #: Receives a control frame with the peer's pid and start time (``None`` if unknown).
-ControlHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
+ControlFrameHandler = Callable[[Mapping[str, Any], int | None, str | None], None]
 
 
 class Lane(Protocol):
     """What the ingress needs from its agent's dispatch lane (one per agent, in order)."""
 
-    def submit(self, entry: Entry, *, resume: bool = False) -> None:
+    def submit(self, entry: Inbound, *, resume: bool = False) -> None:
         """Dispatch ``entry`` in its turn; do not wait."""
 
-    async def dispatch(self, entry: Entry) -> Result:
+    async def dispatch(self, entry: Inbound) -> Result:
         """Dispatch ``entry`` in its turn and return its outcome."""
 
     async def settle(self) -> None:
@@ -118,7 +118,7 @@ class UdsIngress:
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
         max_connections: int = MAX_CONNECTIONS,
-        control: ControlHandler | None = None,
+        control: ControlFrameHandler | None = None,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.key_path = uds_key_path(self.path)
@@ -356,7 +356,7 @@ class UdsIngress:
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
             return
-        if isinstance(admitted, Entry):
+        if isinstance(admitted, Inbound):
             # The message is durable (journaled submitted), so EOF may go now: Claude's sender
             # reports a failure if the socket stays open 5 s, and its model would then resend
             # a frame that dedupe cannot catch. Injection follows in the agent's lane.
@@ -391,7 +391,7 @@ class UdsIngress:
         assert frame.kind is not None
         return Message(
             message_id=frame.message_id or new_message_id(), sender=sender, text=frame.text,
-            kind=frame.kind, native=frame.message_id is None, claimed=frame.claimed,
+            kind=frame.kind, native=frame.message_id is None, asserted=frame.asserted,
         )
 
     def _sender(self, peer: Peer | None) -> Sender:

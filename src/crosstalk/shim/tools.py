@@ -22,6 +22,7 @@ from crosstalk.a2a.client import SendResult
 from crosstalk.agent import Agent, ReplyRefused
 from crosstalk.core.mailbox import CursorError, build_entries, page
 from crosstalk.core.nudge import combine_hint
+from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.harness.loader import by_name
@@ -30,7 +31,6 @@ from crosstalk.shim.roster import Shim
 
 log = logging.getLogger(__name__)
 
-SEND_STATES = {"accepted", "queued", "rejected", "unreachable", "unknown"}
 MAX_TEXT = 64 * 1024
 
 
@@ -219,8 +219,8 @@ class Tools:
 
     def _send_payload(self, agent: Agent, identity: Identity, target: Entry | Unresolved,
                       res: SendResult, *, kind: str) -> dict[str, Any]:
-        state = res.state if res.state in SEND_STATES else "unknown"
-        reason = res.reason if res.state in SEND_STATES else (res.reason or res.state)
+        state = send_result_state(res.state)
+        reason = res.reason if res.state in SEND_RESULTS else (res.reason or res.state)
         payload: dict[str, Any] = {"message_id": res.message_id or None, "state": state,
                                    "reason": reason}
         if isinstance(target, Unresolved):
@@ -236,8 +236,7 @@ class Tools:
             target.peer_key, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
         if nudge is not None:
             payload["hint"] = combine_hint(payload.get("hint"), nudge)
-            agent.journal_event({"type": "nudge", "peer": target.peer_key,
-                                 "count": nudge.count})
+            agent.journal_event(nudge.record())
         return payload
 
     async def _deliver(self, agent: Agent, to: str, text: str, *, kind: str,

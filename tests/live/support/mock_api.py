@@ -363,7 +363,7 @@ class MockHTTPServer(ThreadingHTTPServer):
         self.state = state
 
 
-class ControlHandler(socketserver.StreamRequestHandler):
+class ControlSocketHandler(socketserver.StreamRequestHandler):
     server: ControlServer
 
     def handle(self) -> None:
@@ -382,7 +382,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
     def __init__(self, path: str, state: MockState) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        super().__init__(path, ControlHandler)
+        super().__init__(path, ControlSocketHandler)
         os.chmod(path, 0o600)
         self.state = state
 

@@ -10,7 +10,6 @@ from crosstalk.core.records.agent import (
     TaskRecord,
 )
 from crosstalk.core.records.base import (
-    ALSO_TYPE,
     ASK,
     CLAIM,
     KEY,
@@ -40,7 +39,7 @@ from crosstalk.core.records.message import (
 from crosstalk.core.records.parse import Links, Unreadable, kind_of, links, parse_record
 
 __all__ = [
-    "ALSO_TYPE", "ASK", "CLAIM", "KEY", "LEGACY_KEY", "MESSAGE", "NATIVE_SEND", "NUDGE",
+    "ASK", "CLAIM", "KEY", "LEGACY_KEY", "MESSAGE", "NATIVE_SEND", "NUDGE",
     "RECEIPT", "REPLY", "TASK", "TASK_DELETED", "AskEnded", "AskOpened", "ClaimRecord",
     "Links", "MessageChange", "MessageFinal", "MessageRecord", "MessageSubmitted",
     "NativeSendAttempted", "NativeSendEnded", "NudgeRecord", "ReceiptRecord", "Record",

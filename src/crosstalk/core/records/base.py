@@ -14,9 +14,8 @@ Rules, and why:
   the state belongs to, which is what retention reads (ADR 0002). Older journals name some
   kinds in ``type`` only (receipt, native_send, nudge, task_deleted) or in both (claim, task):
   :func:`parse_record` reads ``subject`` and falls back to ``type``.
-- **Writers stay compatible while readers move.** Kinds that some reader outside ``core``
-  still selects by ``type`` are written with ``type`` too (:data:`ALSO_TYPE`); once every
-  reader parses here the set is emptied and nothing else changes.
+- **Writers write ``subject`` only.** Every reader parses here, so no written record needs
+  ``type``; journals that carry it are still read.
 - **Reading is tolerant, writing is exact.** Journals on disk outlive the code that wrote
   them. A field of the wrong type reads as absent where the record stays meaningful without
   it (a body without ``text`` is still a submitted message; restore re-checks it and rejects
@@ -46,7 +45,7 @@ from crosstalk.core.states import (
     TaskState,
 )
 
-#: The legacy discriminator, still read and (for :data:`ALSO_TYPE`) still written.
+#: The legacy discriminator: read (when ``subject`` is absent), never written.
 LEGACY_KEY = "type"
 KEY = "subject"
 
@@ -59,10 +58,6 @@ NATIVE_SEND = Subject.NATIVE_SEND.value
 TASK_DELETED = "task_deleted"
 RECEIPT = "receipt"
 NUDGE = "nudge"
-
-#: Kinds written with ``type`` as well as ``subject``: readers outside ``core`` select them
-#: by ``type`` today (``agent._claim_state``, ``a2a.taskstore.load``, tests).
-ALSO_TYPE = frozenset({CLAIM, TASK, TASK_DELETED, RECEIPT, NATIVE_SEND, NUDGE})
 
 Json = Mapping[str, Any]
 
@@ -129,11 +124,12 @@ def _state(raw: Json, states: type[_S]) -> _S:
     return found
 
 
-def _claimed(raw: Json) -> dict[str, str]:
-    claimed = _map(raw, "claimed")
-    if not claimed:
+def _asserted(raw: Json) -> dict[str, str]:
+    """What the wire asserted about a message (stored as ``claimed``), strings only."""
+    asserted = _map(raw, "claimed")
+    if not asserted:
         return {}
-    return {k: v for k, v in claimed.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in asserted.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 # -- the sender, as records carry it ---------------------------------------------------------
@@ -172,8 +168,6 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """The record as the journal stores it (without ``seq``/``ts``)."""
         out: dict[str, Any] = {KEY: self.subject}
-        if self.subject in ALSO_TYPE:
-            out = {LEGACY_KEY: self.subject, **out}
         out.update(self._fields())
         return out
 

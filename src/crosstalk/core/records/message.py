@@ -13,7 +13,7 @@ from crosstalk.core.records.base import (
     REPLY,
     Json,
     StateRecord,
-    _claimed,
+    _asserted,
     _id,
     _map,
     _number,
@@ -47,7 +47,8 @@ class MessageSubmitted(StateRecord):
     deadline_seconds: int = 0
     hop_chain: tuple[str, ...] = ()
     native: bool = False
-    claimed: Mapping[str, str] = field(default_factory=dict)
+    #: What the wire asserted, untrusted (``Message.asserted``; stored as ``claimed``).
+    asserted: Mapping[str, str] = field(default_factory=dict)
     sent_at: float | None = None
     #: The harness binding the receiver had (``harness.base.Binding.as_record``), as written.
     binding: Json | None = None
@@ -59,7 +60,7 @@ class MessageSubmitted(StateRecord):
                    delivery=msg.delivery.value, text=msg.text, in_reply_to=msg.in_reply_to,
                    context_id=msg.context_id, task_id=msg.task_id,
                    continuation=msg.continuation, deadline_seconds=msg.deadline_seconds,
-                   hop_chain=msg.hop_chain, native=msg.native, claimed=dict(msg.claimed),
+                   hop_chain=msg.hop_chain, native=msg.native, asserted=dict(msg.asserted),
                    sent_at=msg.sent_at, binding=binding,
                    refs=tuple(r for r in (msg.task_id, msg.in_reply_to) if r))
 
@@ -84,7 +85,7 @@ class MessageSubmitted(StateRecord):
             "in_reply_to": self.in_reply_to, "context_id": self.context_id,
             "task_id": self.task_id, "continuation": self.continuation,
             "deadline_seconds": self.deadline_seconds, "hop_chain": list(self.hop_chain),
-            "native": self.native, "claimed": dict(self.claimed), "sent_at": self.sent_at,
+            "native": self.native, "claimed": dict(self.asserted), "sent_at": self.sent_at,
             "binding": dict(self.binding) if self.binding is not None else None,
             "refs": list(self.refs),
         }
@@ -101,7 +102,7 @@ class MessageSubmitted(StateRecord):
             continuation=bool(raw.get("continuation")),
             deadline_seconds=int(deadline) if isinstance(deadline, int | float) else 0,
             hop_chain=_strs(raw, "hop_chain"), native=bool(raw.get("native")),
-            claimed=_claimed(raw),
+            asserted=_asserted(raw),
             sent_at=_number(raw, "sent_at"), binding=_map(raw, "binding"),
             refs=_strs(raw, "refs"))
 

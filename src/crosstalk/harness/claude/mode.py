@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 Mode = Literal["bypass", "prompting"]
-Inbound = Literal["accept", "hold", "refuse"]
+InboundPolicy = Literal["accept", "hold", "refuse"]
 
 BYPASS_MODE: Final = "bypassPermissions"
 _STRICTNESS: Final[dict[str, int]] = {"accept": 0, "hold": 1, "refuse": 2}
@@ -86,12 +86,12 @@ def session_mode(pid: int, config_dir: Path, cwd: str | None) -> Mode:
         "prompting")
 
 
-def inbound_policy(config_dir: Path, cwd: str | None) -> Inbound | None:
+def inbound_policy(config_dir: Path, cwd: str | None) -> InboundPolicy | None:
     """``crossSessionInbound``: the user's value; project and local settings only make it
     stricter (with no user value, they can set hold or refuse, never accept)."""
     user, *project = settings_files(config_dir, cwd)
     value = _settings(user).get("crossSessionInbound")
-    policy: Inbound | None = value if value in _STRICTNESS else None
+    policy: InboundPolicy | None = value if value in _STRICTNESS else None
     for path in project:
         value = _settings(path).get("crossSessionInbound")
         if value not in _STRICTNESS:
