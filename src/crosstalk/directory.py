@@ -22,7 +22,7 @@ from typing import Any
 
 from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.base import Discovery, Session
-from crosstalk.store.registry import Descriptor, Liveness, Registry
+from crosstalk.store.registry import Descriptor, DescriptorLiveness, Registry
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Directory:
 
     def snapshot(self) -> list[Entry]:
         listed, _ = self.registry.scan()
-        live = [item.descriptor for item in listed if item.liveness is Liveness.LIVE]
+        live = [item.descriptor for item in listed if item.liveness is DescriptorLiveness.LIVE]
         live_ids = {d.agent_id for d in live}
         sessions = self._sessions()
         by_ref = {(s.harness, s.session_ref): s for _, s in sessions}

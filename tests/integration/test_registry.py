@@ -27,7 +27,7 @@ from crosstalk.store.registry import (
     AgentBusy,
     Descriptor,
     DescriptorError,
-    Liveness,
+    DescriptorLiveness,
     NoFreeName,
     Registration,
     Registry,
@@ -353,10 +353,10 @@ def test_scan_reports_torn_and_garbage_files_and_keeps_the_good_ones(
 
     verdicts = {item.descriptor.agent_id: item.liveness for item in listed}
     assert verdicts == {
-        good[0].agent_id: Liveness.LIVE,
-        good[1].agent_id: Liveness.LIVE,
-        absurd.agent_id: Liveness.STALE,
-        stale.agent_id: Liveness.STALE,
+        good[0].agent_id: DescriptorLiveness.LIVE,
+        good[1].agent_id: DescriptorLiveness.LIVE,
+        absurd.agent_id: DescriptorLiveness.STALE,
+        stale.agent_id: DescriptorLiveness.STALE,
     }
     assert {u.path for u in unreadable} == set(bad_paths.values())
     assert all(isinstance(u, Unreadable) and u.reason for u in unreadable)
@@ -442,16 +442,17 @@ def test_registry_tightens_loose_directories(home: Path) -> None:
 def test_liveness_verdicts(dead_process: tuple[int, str]) -> None:
     dead_pid, dead_start = dead_process
     ours = make_descriptor()
-    assert liveness(ours) is Liveness.LIVE
-    assert liveness(replace(ours, pid_domain=None)) is Liveness.LIVE
-    assert liveness(replace(ours, pid=dead_pid, started_at=dead_start)) is Liveness.STALE
+    assert liveness(ours) is DescriptorLiveness.LIVE
+    assert liveness(replace(ours, pid_domain=None)) is DescriptorLiveness.LIVE
+    assert liveness(replace(ours, pid=dead_pid, started_at=dead_start)) is DescriptorLiveness.STALE
     wrong_start = str(int(ours.started_at) + 1)
-    assert liveness(replace(ours, started_at=wrong_start)) is Liveness.STALE  # pid reuse
-    assert liveness(replace(ours, started_at="")) is Liveness.STALE
+    assert liveness(replace(ours, started_at=wrong_start)) is DescriptorLiveness.STALE  # pid reuse
+    assert liveness(replace(ours, started_at="")) is DescriptorLiveness.STALE
     foreign = replace(ours, pid_domain="linux:other-machine:pid:[1]")
-    assert liveness(foreign) is Liveness.FOREIGN
-    assert liveness(replace(foreign, pid=dead_pid)) is Liveness.FOREIGN  # cannot judge: not dead
-    assert liveness(replace(ours, pid=2**40)) is Liveness.STALE
+    assert liveness(foreign) is DescriptorLiveness.FOREIGN
+    # cannot judge: not dead
+    assert liveness(replace(foreign, pid=dead_pid)) is DescriptorLiveness.FOREIGN
+    assert liveness(replace(ours, pid=2**40)) is DescriptorLiveness.STALE
 
 
 def test_scan_verdicts_and_sweep_removes_only_stale(
@@ -468,8 +469,8 @@ def test_scan_verdicts_and_sweep_removes_only_stale(
     listed, unreadable = registry.scan()
     assert unreadable == []
     assert {i.descriptor.agent_id: i.liveness for i in listed} == {
-        live.agent_id: Liveness.LIVE, dead.agent_id: Liveness.STALE,
-        reused.agent_id: Liveness.STALE, foreign.agent_id: Liveness.FOREIGN,
+        live.agent_id: DescriptorLiveness.LIVE, dead.agent_id: DescriptorLiveness.STALE,
+        reused.agent_id: DescriptorLiveness.STALE, foreign.agent_id: DescriptorLiveness.FOREIGN,
     }
     assert [d.agent_id for d in registry.live()] == [live.agent_id]
     assert registry.find("foreign") == []
@@ -757,7 +758,9 @@ def test_replacement_vs_old_exit_other_session(registry: Registry, spawn: Spawn)
     # Kill P1: its descriptor stays behind, stale; its name lock is gone with it.
     p1.kill9()
     verdicts = {i.descriptor.agent_id: i.liveness for i in registry.scan()[0]}
-    assert verdicts == {r1["agent_id"]: Liveness.STALE, r2["agent_id"]: Liveness.LIVE}
+    assert verdicts == {
+        r1["agent_id"]: DescriptorLiveness.STALE, r2["agent_id"]: DescriptorLiveness.LIVE,
+    }
     assert registry.find("builder") == []
 
     # P2 takes the name now that it is free.
@@ -858,7 +861,7 @@ def test_concurrent_startup_same_session(registry: Registry, spawn: Spawn) -> No
     crashed.kill9()
     for round_no in range(ROUNDS):
         listed = {i.descriptor.agent_id: i.liveness for i in registry.scan()[0]}
-        assert listed == {agent_id: Liveness.STALE}, round_no
+        assert listed == {agent_id: DescriptorLiveness.STALE}, round_no
         kids, go = _start_race(spawn, RACERS)
         for kid in kids:
             kid.send("register", harness="claude", session=session, name="racer", cwd=CWD,
@@ -882,7 +885,7 @@ def test_concurrent_startup_same_session(registry: Registry, spawn: Spawn) -> No
         on_disk = Descriptor.from_json(path.read_bytes())
         assert on_disk.instance_id == won["instance_id"]
         assert on_disk.pid == winner.pid
-        assert liveness(on_disk) is Liveness.LIVE
+        assert liveness(on_disk) is DescriptorLiveness.LIVE
         assert registry.sweep_stale() == []
         assert [d.instance_id for d in registry.find("racer")] == [won["instance_id"]]
 

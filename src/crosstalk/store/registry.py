@@ -62,7 +62,9 @@ class DescriptorError(RegistryError, ValueError):
     """A descriptor file does not have the shape the protocol requires."""
 
 
-class Liveness(StrEnum):
+class DescriptorLiveness(StrEnum):
+    """Whether the process a registry descriptor names is still the one that registered it."""
+
     LIVE = "live"
     STALE = "stale"
     FOREIGN = "foreign"  # another pid namespace: cannot be checked from here
@@ -161,7 +163,7 @@ class Listed:
     """A descriptor as a reader sees it, with the verdict on whether its owner is alive."""
 
     descriptor: Descriptor
-    liveness: Liveness
+    liveness: DescriptorLiveness
     path: Path
 
 
@@ -173,10 +175,12 @@ class Unreadable:
     reason: str
 
 
-def liveness(desc: Descriptor) -> Liveness:
+def liveness(desc: Descriptor) -> DescriptorLiveness:
     if desc.pid_domain is not None and desc.pid_domain != proc.pid_domain():
-        return Liveness.FOREIGN
-    return Liveness.LIVE if proc.process_matches(desc.pid, desc.started_at) else Liveness.STALE
+        return DescriptorLiveness.FOREIGN
+    if proc.process_matches(desc.pid, desc.started_at):
+        return DescriptorLiveness.LIVE
+    return DescriptorLiveness.STALE
 
 
 class Registry:
@@ -253,7 +257,8 @@ class Registry:
         return listed, bad
 
     def live(self) -> list[Descriptor]:
-        return [item.descriptor for item in self.scan()[0] if item.liveness is Liveness.LIVE]
+        listed = self.scan()[0]
+        return [item.descriptor for item in listed if item.liveness is DescriptorLiveness.LIVE]
 
     def find(self, name_or_id: str) -> list[Descriptor]:
         """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
@@ -295,7 +300,7 @@ class Registry:
             desc = read_descriptor(self.descriptor_path(agent_id))
         except (OSError, DescriptorError):
             return None
-        if desc.agent_id != agent_id or liveness(desc) is not Liveness.LIVE:
+        if desc.agent_id != agent_id or liveness(desc) is not DescriptorLiveness.LIVE:
             return None
         return desc
 
@@ -329,7 +334,7 @@ class Registry:
         removed: list[str] = []
         listed, _ = self.scan()
         for item in listed:
-            if item.liveness is not Liveness.STALE:
+            if item.liveness is not DescriptorLiveness.STALE:
                 continue
             lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
             if lock is None:
@@ -340,7 +345,7 @@ class Registry:
                 except (OSError, DescriptorError):
                     continue
                 if current.instance_id == item.descriptor.instance_id and (
-                    liveness(current) is Liveness.STALE
+                    liveness(current) is DescriptorLiveness.STALE
                 ):
                     unlink_durable(item.path)
                     unlink_durable(self.credential_path(current.agent_id))
