@@ -46,8 +46,12 @@ class Shim:
         self._creating: dict[AgentKey, asyncio.Task[Agent]] = {}
         self._notices: dict[AgentKey, str] = {}
         self._closed = False
+        # Given the shim's loop: async discoveries run there, not in a loop per listing.
+        loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):  # built outside a loop (no async discovery)
+            loop = asyncio.get_running_loop()
         self.directory = Directory(registry, [h.discovery for h in self.harnesses
-                                              if h.discovery is not None])
+                                              if h.discovery is not None], loop=loop)
         #: Every harness that reads control frames (receipts) at an agent's uds ingress.
         self._control_sinks = [h.control.on_control for h in self.harnesses
                                if h.control is not None]
