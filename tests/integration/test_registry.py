@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from crosstalk import proc
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.naming import fallback_name, name_candidates
+from crosstalk.store import descriptor as descriptor_module
 from crosstalk.store import registry as registry_module
 from crosstalk.store.files import FileLock, write_atomic
 from crosstalk.store.registry import (
@@ -153,7 +154,7 @@ def test_descriptor_round_trip() -> None:
 
 def test_descriptor_defaults() -> None:
     d = Descriptor.from_dict({k: v for k, v in valid_dict().items()
-                              if k in registry_module._REQUIRED})
+                              if k in descriptor_module._REQUIRED})
     assert (d.role, d.owner, d.installed, d.protocol, d.extra) == ("primary", None, True, 1, {})
 
 
@@ -177,7 +178,7 @@ def test_from_json_rejects_wrong_types(field_name: str, value: object) -> None:
         Descriptor.from_json(raw)
 
 
-@pytest.mark.parametrize("field_name", registry_module._REQUIRED)
+@pytest.mark.parametrize("field_name", descriptor_module._REQUIRED)
 def test_from_json_rejects_missing_fields(field_name: str) -> None:
     data = valid_dict()
     del data[field_name]
@@ -212,7 +213,7 @@ def test_from_json_rejects_deep_nesting() -> None:
 
 
 def test_from_json_rejects_oversize() -> None:
-    limit = registry_module._MAX_DESCRIPTOR_BYTES
+    limit = descriptor_module._MAX_DESCRIPTOR_BYTES
     raw = json.dumps(valid_dict(padding="x" * limit)).encode()
     with pytest.raises(DescriptorError, match="too large"):
         Descriptor.from_json(raw)
@@ -260,7 +261,7 @@ def _check_parsed(desc: Descriptor) -> None:
     assert type(desc.installed) is bool
     assert type(desc.protocol) is int
     assert desc.harness_pid is None or type(desc.harness_pid) is int
-    for name in registry_module._REQUIRED:
+    for name in descriptor_module._REQUIRED:
         if name != "pid":
             assert isinstance(getattr(desc, name), str)
     raw = desc.to_json()  # compared as bytes: an extra NaN is never == itself
