@@ -168,5 +168,5 @@ class Shim:
         agents, self.agents = list(self.agents.values()), {}
         # Concurrently: Claude 2.1.328 follows SIGINT with SIGTERM 100 ms later and SIGKILL
         # 400 ms after that, and one agent's listener takes ~0.1 s to stop; one at a time, a
-        # busy shim was killed mid-cleanup. (Agent.stop unpublishes and unlinks first.)
+        # busy shim would be killed mid-cleanup. (Agent.stop unpublishes and unlinks first.)
         await asyncio.gather(*(agent.stop() for agent in agents), return_exceptions=True)

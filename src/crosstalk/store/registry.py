@@ -316,8 +316,8 @@ class Registration:
     def _take_name(self, candidates: Iterable[str]) -> tuple[NameChoice, FileLock | None]:
         # Returns the previous alias lock still held; the caller releases it. rename() needs
         # that: seed §3 orders a rename as take new lock, rewrite descriptor, release old lock.
-        # Releasing first let another agent take the old name while our descriptor still
-        # claimed it (two live descriptors with one name).
+        # Releasing first would let another agent take the old name while our descriptor
+        # still names it (two live descriptors with one name).
         self._require_active()
         ordered = list(dict.fromkeys(candidates))
         if not ordered:
