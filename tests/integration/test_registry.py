@@ -205,8 +205,8 @@ def test_from_json_rejects_non_json(raw: bytes) -> None:
 
 
 def test_from_json_rejects_deep_nesting() -> None:
-    # Regression: 64 KiB of "[" made json.loads raise RecursionError, which is not a
-    # DescriptorError, so one such file crashed scan(), live() and sweep_stale().
+    # 64 KiB of "[" makes json.loads raise RecursionError, which is not a DescriptorError:
+    # unless from_json turns it into one, one such file crashes scan(), live() and sweep_stale().
     for raw in (b"[" * 60_000, b'{"a":' * 20_000, b"[" * 5_000 + b"]" * 5_000):
         with pytest.raises(DescriptorError):
             Descriptor.from_json(raw)
