@@ -88,29 +88,33 @@ class Directory:
         self.discoveries = list(discoveries)
         #: The event loop this directory's caller runs on (the shim's), or None (the CLI).
         self.loop = loop
+        #: Each discovery with its async form if it has one, checked once, here.
+        self._listers: list[tuple[Discovery, AsyncDiscovery | None]] = [
+            (d, d if isinstance(d, AsyncDiscovery) else None) for d in self.discoveries]
 
     def discovery_for(self, harness: str) -> Discovery | None:
         return next((d for d in self.discoveries if d.name == harness), None)
 
     def _sessions(self) -> list[tuple[Discovery, Session]]:
         found: list[tuple[Discovery, Session]] = []
-        for discovery in self.discoveries:
+        for discovery, async_form in self._listers:
             try:
-                found.extend((discovery, s) for s in self._discover(discovery))
+                found.extend((discovery, s) for s in self._discover(discovery, async_form))
             except Exception:  # one broken harness registry must not hide the others
                 log.exception("discovery of %s sessions failed", discovery.name)
         return found
 
-    def _discover(self, discovery: Discovery) -> list[Session]:
+    def _discover(self, discovery: Discovery, async_form: AsyncDiscovery | None
+                  ) -> list[Session]:
         """An async discovery runs on :attr:`loop` when called from another thread: the
         worker waits while the loop does the I/O. On the loop's own thread (waiting there would
         deadlock) or with no loop running, the blocking :meth:`Discovery.discover`."""
         loop = self.loop
-        if (loop is None or not isinstance(discovery, AsyncDiscovery)
-                or not loop.is_running() or _running_loop() is loop):
+        if (loop is None or async_form is None or not loop.is_running()
+                or _running_loop() is loop):
             return discovery.discover()
         try:
-            pending = asyncio.run_coroutine_threadsafe(discovery.discover_async(), loop)
+            pending = asyncio.run_coroutine_threadsafe(async_form.discover_async(), loop)
         except RuntimeError:  # the loop closed since the check: nothing left to run on
             return discovery.discover()
         return pending.result()
