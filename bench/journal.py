@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from crosstalk.store.journal import Journal, encode_line
+from crosstalk.store.journal import Journal
+from crosstalk.store.journal_format import encode_line
 
 RECORD = {
     "subject": "message",

@@ -49,7 +49,7 @@ from mcp.client.stdio import StdioServerParameters
 from crosstalk import proc
 from crosstalk.harness.claude.registry import discover as claude_discover
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
-from crosstalk.store.registry import Liveness, Registry
+from crosstalk.store.registry import DescriptorLiveness, Registry
 
 BARE_SERVER = Path(__file__).resolve().with_name("_bare_mcp_server.py")
 SHIM_ARGV = ["-m", "crosstalk", "mcp"]
@@ -269,7 +269,7 @@ async def time_listing(lister: Client, reg: Registry, total: int, calls: int,
         t = time.perf_counter()
         listed, _bad = reg.scan()
         scan.append(time.perf_counter() - t)
-        live = sum(1 for item in listed if item.liveness is Liveness.LIVE)
+        live = sum(1 for item in listed if item.liveness is DescriptorLiveness.LIVE)
         if live != total:
             raise RuntimeError(f"Registry.scan() sees {live} live agents, not {total}")
     return first, lat, floor, scan

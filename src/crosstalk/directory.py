@@ -10,19 +10,23 @@ process whose record names another session proves the descriptor's session was r
 
 Address forms for ``to`` (design doc §5): a name, an agent_id, ``<harness>:<pid|session
 ref|name|agent_id>`` and ``uds:<path>`` (an agent's uds ingress or a session's socket).
-Blocking (file reads): from an event loop, call :meth:`Directory.snapshot` in a thread.
+Blocking (file reads): from an event loop, call :meth:`Directory.snapshot` in a thread. A
+directory built with that ``loop`` runs each async discovery (Codex's sockets) on it, awaited
+from the thread, so a listing never starts an event loop of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from crosstalk.core.ids import agent_id_for
+from crosstalk.harness.async_discovery import AsyncDiscovery
 from crosstalk.harness.base import Discovery, Session
-from crosstalk.store.registry import Descriptor, Liveness, Registry
+from crosstalk.store.registry import Descriptor, DescriptorLiveness, Registry
 
 log = logging.getLogger(__name__)
 
@@ -78,25 +82,46 @@ class Unresolved:
 
 
 class Directory:
-    def __init__(self, registry: Registry, discoveries: Sequence[Discovery] = ()) -> None:
+    def __init__(self, registry: Registry, discoveries: Sequence[Discovery] = (), *,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.registry = registry
         self.discoveries = list(discoveries)
+        #: The event loop this directory's caller runs on (the shim's), or None (the CLI).
+        self.loop = loop
+        #: Each discovery with its async form if it has one, checked once, here.
+        self._listers: list[tuple[Discovery, AsyncDiscovery | None]] = [
+            (d, d if isinstance(d, AsyncDiscovery) else None) for d in self.discoveries]
 
     def discovery_for(self, harness: str) -> Discovery | None:
         return next((d for d in self.discoveries if d.name == harness), None)
 
     def _sessions(self) -> list[tuple[Discovery, Session]]:
         found: list[tuple[Discovery, Session]] = []
-        for discovery in self.discoveries:
+        for discovery, async_form in self._listers:
             try:
-                found.extend((discovery, s) for s in discovery.discover())
+                found.extend((discovery, s) for s in self._discover(discovery, async_form))
             except Exception:  # one broken harness registry must not hide the others
                 log.exception("discovery of %s sessions failed", discovery.name)
         return found
 
+    def _discover(self, discovery: Discovery, async_form: AsyncDiscovery | None
+                  ) -> list[Session]:
+        """An async discovery runs on :attr:`loop` when called from another thread: the
+        worker waits while the loop does the I/O. On the loop's own thread (waiting there would
+        deadlock) or with no loop running, the blocking :meth:`Discovery.discover`."""
+        loop = self.loop
+        if (loop is None or async_form is None or not loop.is_running()
+                or _running_loop() is loop):
+            return discovery.discover()
+        try:
+            pending = asyncio.run_coroutine_threadsafe(async_form.discover_async(), loop)
+        except RuntimeError:  # the loop closed since the check: nothing left to run on
+            return discovery.discover()
+        return pending.result()
+
     def snapshot(self) -> list[Entry]:
         listed, _ = self.registry.scan()
-        live = [item.descriptor for item in listed if item.liveness is Liveness.LIVE]
+        live = [item.descriptor for item in listed if item.liveness is DescriptorLiveness.LIVE]
         live_ids = {d.agent_id for d in live}
         sessions = self._sessions()
         by_ref = {(s.harness, s.session_ref): s for _, s in sessions}
@@ -133,6 +158,13 @@ class Directory:
         """The one entry ``to`` names, or why there is none."""
         entries = self.snapshot() if entries is None else entries
         return resolve(to, entries)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def resolve(to: str, entries: Sequence[Entry]) -> Entry | Unresolved:

@@ -37,7 +37,7 @@ def pid_alive(pid: int) -> bool:
         return True  # exists, owned by someone else
     except OverflowError:
         # A pid beyond a C pid_t (e.g. "pid": 99999999999 in a hand-edited descriptor) cannot
-        # exist; os.kill raises OverflowError for it, which crashed every registry scan.
+        # exist; os.kill raises OverflowError for it, which would crash every registry scan.
         return False
     except OSError as exc:
         return exc.errno != errno.ESRCH

@@ -173,8 +173,8 @@ class Receiver:
 
         The session answered an injected message with its harness's own send (Claude's
         SendMessage to the reply address in the envelope). That frame has no correlation id,
-        so guessing which message it answers could hand one asker another's answer (seed
-        ADR 0009, live round 4). Instead the session is told, by a notice admitted here and
+        so guessing which message it answers could hand one asker another's answer (seed 000
+        ADR 0009, seed §5). Instead the session is told, by a notice admitted here and
         dispatched like any message, which inbound messages it may answer with ``reply``.
         A bounce opens no route; a native answer to the notice is bounced again.
         """

@@ -6,6 +6,7 @@ inject_items never wakes, CQ3), failures mapped to states without resending, dis
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,8 +16,10 @@ import pytest
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Identity
+from crosstalk.directory import Directory
+from crosstalk.harness.base import Binding, Delivery, Identity, Session
 from crosstalk.harness.codex import CodexHarness, CodexIdentifier, control_socket
+from crosstalk.store.registry import Registry
 from tests.support.fakes.codex_app_server import FakeAppServer, fake_app_server, finish_turn
 
 pytestmark = pytest.mark.anyio
@@ -137,7 +140,7 @@ async def test_discovery_lists_loaded_user_threads_only(server: FakeAppServer,
     server.add("sub", parent=user.id)
     server.add("old", status="notLoaded")
     ident = CodexIdentifier(env={"CODEX_HOME": str(home)})
-    rows = {r.session_ref: r for r in await ident._discover()}
+    rows = {r.session_ref: r for r in await ident.discover_async()}
     assert set(rows) == {user.id, busy.id}
     assert (rows[user.id].name, rows[user.id].cwd, rows[user.id].status) == (
         "worker", "/proj", "idle")
@@ -149,6 +152,32 @@ async def test_discovery_lists_loaded_user_threads_only(server: FakeAppServer,
     assert out.state is MessageState.ACCEPTED
     assert server.texts(user.id)
     assert "hello worker" in server.texts(user.id)[0]
+
+
+async def test_a_listing_from_the_loop_runs_codex_discovery_on_that_loop(
+        server: FakeAppServer, home: Path) -> None:
+    """The shim lists sessions in a worker thread; Codex's discovery then runs on the shim's
+    loop (awaited from the thread), never in an event loop of its own per listing."""
+    user = server.add("worker", cwd="/proj")
+    ident = CodexIdentifier(env={"CODEX_HOME": str(home)})
+    loops: list[asyncio.AbstractEventLoop] = []
+    listing = ident.discover_async
+
+    async def recorded() -> list[Session]:
+        loops.append(asyncio.get_running_loop())
+        return await listing()
+
+    def blocking() -> list[Session]:
+        raise AssertionError("discover() starts a loop of its own")
+
+    ident.discover_async = recorded  # type: ignore[method-assign]
+    ident.discover = blocking  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as state:
+        directory = Directory(Registry(Path(state)), [ident], loop=asyncio.get_running_loop())
+        entries = await asyncio.to_thread(directory.snapshot)
+    assert loops == [asyncio.get_running_loop()]
+    assert [(e.name, e.crosstalk, e.session and e.session.session_ref) for e in entries] == [
+        ("worker", False, user.id)]
 
 
 @pytest.mark.seed(20)

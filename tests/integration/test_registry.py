@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from crosstalk import proc
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.naming import fallback_name, name_candidates
+from crosstalk.store import descriptor as descriptor_module
 from crosstalk.store import registry as registry_module
 from crosstalk.store.files import FileLock, write_atomic
 from crosstalk.store.registry import (
     AgentBusy,
     Descriptor,
     DescriptorError,
-    Liveness,
+    DescriptorLiveness,
     NoFreeName,
     Registration,
     Registry,
@@ -153,7 +154,7 @@ def test_descriptor_round_trip() -> None:
 
 def test_descriptor_defaults() -> None:
     d = Descriptor.from_dict({k: v for k, v in valid_dict().items()
-                              if k in registry_module._REQUIRED})
+                              if k in descriptor_module._REQUIRED})
     assert (d.role, d.owner, d.installed, d.protocol, d.extra) == ("primary", None, True, 1, {})
 
 
@@ -177,7 +178,7 @@ def test_from_json_rejects_wrong_types(field_name: str, value: object) -> None:
         Descriptor.from_json(raw)
 
 
-@pytest.mark.parametrize("field_name", registry_module._REQUIRED)
+@pytest.mark.parametrize("field_name", descriptor_module._REQUIRED)
 def test_from_json_rejects_missing_fields(field_name: str) -> None:
     data = valid_dict()
     del data[field_name]
@@ -204,15 +205,15 @@ def test_from_json_rejects_non_json(raw: bytes) -> None:
 
 
 def test_from_json_rejects_deep_nesting() -> None:
-    # Regression: 64 KiB of "[" made json.loads raise RecursionError, which is not a
-    # DescriptorError, so one such file crashed scan(), live() and sweep_stale().
+    # 64 KiB of "[" makes json.loads raise RecursionError, which is not a DescriptorError:
+    # unless from_json turns it into one, one such file crashes scan(), live() and sweep_stale().
     for raw in (b"[" * 60_000, b'{"a":' * 20_000, b"[" * 5_000 + b"]" * 5_000):
         with pytest.raises(DescriptorError):
             Descriptor.from_json(raw)
 
 
 def test_from_json_rejects_oversize() -> None:
-    limit = registry_module._MAX_DESCRIPTOR_BYTES
+    limit = descriptor_module._MAX_DESCRIPTOR_BYTES
     raw = json.dumps(valid_dict(padding="x" * limit)).encode()
     with pytest.raises(DescriptorError, match="too large"):
         Descriptor.from_json(raw)
@@ -260,7 +261,7 @@ def _check_parsed(desc: Descriptor) -> None:
     assert type(desc.installed) is bool
     assert type(desc.protocol) is int
     assert desc.harness_pid is None or type(desc.harness_pid) is int
-    for name in registry_module._REQUIRED:
+    for name in descriptor_module._REQUIRED:
         if name != "pid":
             assert isinstance(getattr(desc, name), str)
     raw = desc.to_json()  # compared as bytes: an extra NaN is never == itself
@@ -353,10 +354,10 @@ def test_scan_reports_torn_and_garbage_files_and_keeps_the_good_ones(
 
     verdicts = {item.descriptor.agent_id: item.liveness for item in listed}
     assert verdicts == {
-        good[0].agent_id: Liveness.LIVE,
-        good[1].agent_id: Liveness.LIVE,
-        absurd.agent_id: Liveness.STALE,
-        stale.agent_id: Liveness.STALE,
+        good[0].agent_id: DescriptorLiveness.LIVE,
+        good[1].agent_id: DescriptorLiveness.LIVE,
+        absurd.agent_id: DescriptorLiveness.STALE,
+        stale.agent_id: DescriptorLiveness.STALE,
     }
     assert {u.path for u in unreadable} == set(bad_paths.values())
     assert all(isinstance(u, Unreadable) and u.reason for u in unreadable)
@@ -442,16 +443,17 @@ def test_registry_tightens_loose_directories(home: Path) -> None:
 def test_liveness_verdicts(dead_process: tuple[int, str]) -> None:
     dead_pid, dead_start = dead_process
     ours = make_descriptor()
-    assert liveness(ours) is Liveness.LIVE
-    assert liveness(replace(ours, pid_domain=None)) is Liveness.LIVE
-    assert liveness(replace(ours, pid=dead_pid, started_at=dead_start)) is Liveness.STALE
+    assert liveness(ours) is DescriptorLiveness.LIVE
+    assert liveness(replace(ours, pid_domain=None)) is DescriptorLiveness.LIVE
+    assert liveness(replace(ours, pid=dead_pid, started_at=dead_start)) is DescriptorLiveness.STALE
     wrong_start = str(int(ours.started_at) + 1)
-    assert liveness(replace(ours, started_at=wrong_start)) is Liveness.STALE  # pid reuse
-    assert liveness(replace(ours, started_at="")) is Liveness.STALE
+    assert liveness(replace(ours, started_at=wrong_start)) is DescriptorLiveness.STALE  # pid reuse
+    assert liveness(replace(ours, started_at="")) is DescriptorLiveness.STALE
     foreign = replace(ours, pid_domain="linux:other-machine:pid:[1]")
-    assert liveness(foreign) is Liveness.FOREIGN
-    assert liveness(replace(foreign, pid=dead_pid)) is Liveness.FOREIGN  # cannot judge: not dead
-    assert liveness(replace(ours, pid=2**40)) is Liveness.STALE
+    assert liveness(foreign) is DescriptorLiveness.FOREIGN
+    # cannot judge: not dead
+    assert liveness(replace(foreign, pid=dead_pid)) is DescriptorLiveness.FOREIGN
+    assert liveness(replace(ours, pid=2**40)) is DescriptorLiveness.STALE
 
 
 def test_scan_verdicts_and_sweep_removes_only_stale(
@@ -468,8 +470,8 @@ def test_scan_verdicts_and_sweep_removes_only_stale(
     listed, unreadable = registry.scan()
     assert unreadable == []
     assert {i.descriptor.agent_id: i.liveness for i in listed} == {
-        live.agent_id: Liveness.LIVE, dead.agent_id: Liveness.STALE,
-        reused.agent_id: Liveness.STALE, foreign.agent_id: Liveness.FOREIGN,
+        live.agent_id: DescriptorLiveness.LIVE, dead.agent_id: DescriptorLiveness.STALE,
+        reused.agent_id: DescriptorLiveness.STALE, foreign.agent_id: DescriptorLiveness.FOREIGN,
     }
     assert [d.agent_id for d in registry.live()] == [live.agent_id]
     assert registry.find("foreign") == []
@@ -757,7 +759,9 @@ def test_replacement_vs_old_exit_other_session(registry: Registry, spawn: Spawn)
     # Kill P1: its descriptor stays behind, stale; its name lock is gone with it.
     p1.kill9()
     verdicts = {i.descriptor.agent_id: i.liveness for i in registry.scan()[0]}
-    assert verdicts == {r1["agent_id"]: Liveness.STALE, r2["agent_id"]: Liveness.LIVE}
+    assert verdicts == {
+        r1["agent_id"]: DescriptorLiveness.STALE, r2["agent_id"]: DescriptorLiveness.LIVE,
+    }
     assert registry.find("builder") == []
 
     # P2 takes the name now that it is free.
@@ -858,7 +862,7 @@ def test_concurrent_startup_same_session(registry: Registry, spawn: Spawn) -> No
     crashed.kill9()
     for round_no in range(ROUNDS):
         listed = {i.descriptor.agent_id: i.liveness for i in registry.scan()[0]}
-        assert listed == {agent_id: Liveness.STALE}, round_no
+        assert listed == {agent_id: DescriptorLiveness.STALE}, round_no
         kids, go = _start_race(spawn, RACERS)
         for kid in kids:
             kid.send("register", harness="claude", session=session, name="racer", cwd=CWD,
@@ -882,7 +886,7 @@ def test_concurrent_startup_same_session(registry: Registry, spawn: Spawn) -> No
         on_disk = Descriptor.from_json(path.read_bytes())
         assert on_disk.instance_id == won["instance_id"]
         assert on_disk.pid == winner.pid
-        assert liveness(on_disk) is Liveness.LIVE
+        assert liveness(on_disk) is DescriptorLiveness.LIVE
         assert registry.sweep_stale() == []
         assert [d.instance_id for d in registry.find("racer")] == [won["instance_id"]]
 

@@ -152,8 +152,8 @@ def test_fallback_with_a_long_cwd_fits_and_keeps_the_whole_suffix() -> None:
 
 
 def test_fallback_with_a_long_harness_stays_valid() -> None:
-    # Regression: a harness label longer than ~45 characters used to produce a 90-character,
-    # invalid name (the room calculation trimmed only the cwd part).
+    # A harness label longer than ~45 characters must be trimmed too: trimming only the cwd part
+    # yields a 90-character, invalid name.
     for digits in range(FALLBACK_MIN_HEX, 17, 2):
         name = fallback_name("h" * 80, "/w/proj", AGENT_ID, digits)
         assert is_valid_name(name), name

@@ -27,10 +27,9 @@ from crosstalk.store.journal import (
     JournalError,
     JournalWriteError,
     RecordTooLarge,
-    decode_line,
-    encode_line,
     read_journal,
 )
+from crosstalk.store.journal_format import decode_line, encode_line
 from tests.support.faulty_ops import FaultyOps
 
 HOUR = 3600.0

@@ -25,7 +25,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from crosstalk.store.journal import Journal, decode_line, encode_line, read_journal
+from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal_format import decode_line, encode_line
 
 DAY = 24 * 3600.0
 

@@ -165,8 +165,8 @@ def test_pid_alive_reaped_child_is_false() -> None:
 
 @pytest.mark.parametrize("pid", [2**31 - 1, 2**31, 2**40, 2**63, 10**30])
 def test_pid_alive_out_of_range_is_false_not_an_error(pid: int) -> None:
-    # Regression: os.kill raised OverflowError for pids beyond a C int, so one descriptor with
-    # "pid": 99999999999 made every registry scan crash.
+    # os.kill raises OverflowError for pids beyond a C int; uncaught, one descriptor with
+    # "pid": 99999999999 would make every registry scan crash.
     assert proc.pid_alive(pid) is False
     assert proc.process_matches(pid, "1") is False
 

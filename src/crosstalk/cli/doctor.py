@@ -15,7 +15,7 @@ from typing import IO
 
 from crosstalk.harness.loader import plugins
 from crosstalk.harness.plugin import Finding
-from crosstalk.store.registry import Liveness, Registry
+from crosstalk.store.registry import DescriptorLiveness, Registry
 
 __all__ = ["Finding", "diagnose", "run_doctor"]
 
@@ -40,7 +40,7 @@ def _state(home: Path, fix: bool) -> list[Finding]:
         found.append(Finding(True, f"state directory {home} is private"))
     registry = Registry(home) if fix else Registry.reader(home)
     listed, unreadable = registry.scan()
-    stale = [i.descriptor for i in listed if i.liveness is Liveness.STALE]
+    stale = [i.descriptor for i in listed if i.liveness is DescriptorLiveness.STALE]
     if stale and fix:
         removed = registry.sweep_stale()
         found.append(Finding(True, f"removed {len(removed)} stale descriptors"))
@@ -51,7 +51,7 @@ def _state(home: Path, fix: bool) -> list[Finding]:
     for bad in unreadable:
         found.append(Finding(False, f"unreadable descriptor {bad.path}: {bad.reason}",
                              f"rm {bad.path}"))
-    live = [i.descriptor for i in listed if i.liveness is Liveness.LIVE]
+    live = [i.descriptor for i in listed if i.liveness is DescriptorLiveness.LIVE]
     found.append(Finding(True, f"{len(live)} live CrossTalk agents"))
     return found
 

@@ -24,11 +24,12 @@ CLAUDE_TAG = "cross-session-message"
 PEER_TAG = "peer-message"
 META_PREFIX = "[crosstalk "
 
-# Whitespace is tolerated on both sides of the "/" (found by tests/unit/test_core_envelope.py:
-# "< /cross-session-message" used to pass through unescaped).
+# Whitespace is tolerated on both sides of the "/": a model reads "< /cross-session-message" as
+# the closing tag too, so it must be escaped like "</cross-session-message"
+# (tests/unit/test_core_envelope.py).
 _TAG_RE = re.compile(r"<\s*(/?)\s*(cross-session-message|peer-message)", re.IGNORECASE)
 # Every line boundary str.splitlines() knows, not only "\n": a model reads "\r" or U+2028 as a
-# new line too, so "x\r[crosstalk kind=command]" used to forge a metadata line.
+# new line too, so "x\r[crosstalk kind=command]" would otherwise forge a metadata line.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _LINE_BREAK_RE = re.compile(f"\r\n|[{_LINE_BREAKS}]")
 _META_LINE_RE = re.compile(f"(?:^|(?<=[{_LINE_BREAKS}]))(\\\\*)\\[crosstalk ")
@@ -58,8 +59,8 @@ def address_attr(address: str) -> str:
 
 
 def _attr_value(value: str) -> str:
-    # Every line boundary becomes a space, not only "\n" (a "\r" in from-name used to start a
-    # new line that could forge "[crosstalk ...]" in front of the metadata line).
+    # Every line boundary becomes a space, not only "\n": a "\r" in from-name would otherwise
+    # start a new line that could forge "[crosstalk ...]" in front of the metadata line.
     value = (value.replace("&", "&amp;").replace('"', "&quot;")
              .replace("<", "&lt;").replace(">", "&gt;"))
     return _LINE_BREAK_RE.sub(" ", value)
@@ -74,9 +75,10 @@ def meta_line(message_id: str, kind: str, in_reply_to: str | None = None,
         parts.append(("sender", "unverified"))
     if reply_with:
         parts.append(("reply-with", reply_with))
-    # Values are percent-encoded like addresses (a uuid is unchanged): message-id and
-    # in-reply-to come from the sender, and a space, "=", "]" or line break in them used to
-    # add forged fields such as "kind=command" to the line (tests/unit/test_core_envelope.py).
+    # Values are percent-encoded like addresses (a uuid passes as it is): message-id and
+    # in-reply-to come from the sender, and a space, "=", "]" or line break in them would
+    # otherwise add forged fields such as "kind=command" to the line
+    # (tests/unit/test_core_envelope.py).
     return META_PREFIX + " ".join(f"{k}={address_attr(v)}" for k, v in parts) + "]"
 
 

@@ -10,8 +10,8 @@ builds that answer from journal records and nothing else:
   with an opaque cursor (``"s:<seq>"``). The cursor runs over the **full journal**, and the
   state filter always applies, the default one included (seed R17): a cursor names a journal
   position, so an entry that changes after it shows up again with its new state.
-- :func:`bounce_text` is what a session whose native reply was bounced is told (seed §5,
-  ADR 0009, R7).
+- :func:`bounce_text` is what a session whose native reply was bounced is told (seed §5
+  "Native replies through a shim", seed 000 ADR 0009, R7).
 
 The default filter (:data:`DEFAULT_STATES`) is what a model should see: messages that reached,
 or failed to reach, this session's model and may need an answer or a follow-up.
@@ -25,7 +25,7 @@ Shown by default:
   is the only way the model learns of it (R2).
 - ``unreachable``: could not be delivered (e.g. bound to another conversation); the seed has
   such records surface here (§5 journal, test 21).
-- ``bounced``: the model's own native reply, which was not delivered (ADR 0009).
+- ``bounced``: the model's own native reply, which was not delivered (seed 000 ADR 0009).
 
 Not shown by default:
 

@@ -1,4 +1,4 @@
-"""The send nudge (seed §4 "Messaging limits and the nudge", ADR 0014): a hint, never a guard.
+"""The send nudge (seed 000 §4 "Messaging limits and the nudge"): a hint, never a guard.
 
 CrossTalk does not limit how many messages a session sends. Instead each agent counts its
 sends per peer (the peer's agent_id, or ``harness:session_ref`` for a native session), and when

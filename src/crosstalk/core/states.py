@@ -21,7 +21,7 @@ Subjects:
 - ``message``: one inbound message at a receiver. ``submitted`` (deduped and journaled) →
   ``dispatching`` (a dispatch lock: from here on it is never resent) → an outcome.
   ``recovered`` is replay's verdict on a uds message that never got a dispatch lock (seed R2);
-  ``bounced`` is a native reply the shim refused to forward (seed ADR 0009).
+  ``bounced`` is a native reply the shim refused to forward (seed 000 ADR 0009, seed §5).
 - ``ask``: the reply obligation an ask opens at its receiver: ``open`` until the reply tool
   answers it, its deadline passes, or its conversation goes away.
 - ``task``: an A2A task at the receiving agent (journal-backed task store, seed S12). A

@@ -46,8 +46,12 @@ class Shim:
         self._creating: dict[AgentKey, asyncio.Task[Agent]] = {}
         self._notices: dict[AgentKey, str] = {}
         self._closed = False
+        # Given the shim's loop: async discoveries run there, not in a loop per listing.
+        loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):  # built outside a loop (no async discovery)
+            loop = asyncio.get_running_loop()
         self.directory = Directory(registry, [h.discovery for h in self.harnesses
-                                              if h.discovery is not None])
+                                              if h.discovery is not None], loop=loop)
         #: Every harness that reads control frames (receipts) at an agent's uds ingress.
         self._control_sinks = [h.control.on_control for h in self.harnesses
                                if h.control is not None]
@@ -164,5 +168,5 @@ class Shim:
         agents, self.agents = list(self.agents.values()), {}
         # Concurrently: Claude 2.1.328 follows SIGINT with SIGTERM 100 ms later and SIGKILL
         # 400 ms after that, and one agent's listener takes ~0.1 s to stop; one at a time, a
-        # busy shim was killed mid-cleanup. (Agent.stop unpublishes and unlinks first.)
+        # busy shim would be killed mid-cleanup. (Agent.stop unpublishes and unlinks first.)
         await asyncio.gather(*(agent.stop() for agent in agents), return_exceptions=True)

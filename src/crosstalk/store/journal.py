@@ -23,19 +23,17 @@ Why each rule exists:
 - **Retention keeps dependency sets** (seed R3, :mod:`crosstalk.core.retention`), rewriting the
   file by temp + fsync + rename + directory fsync, and quarantining damaged lines beside it.
 
-I/O goes through :class:`FileOps` so tests can fail the Nth write, fsync or truncate the way
-SQLite's ``ioerr`` tests do.
+The line codec is :mod:`crosstalk.store.journal_format`. I/O goes through :class:`FileOps` so
+tests can fail the Nth write, fsync or truncate the way SQLite's ``ioerr`` tests do.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,18 +43,13 @@ from typing import Any, Protocol
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
 from crosstalk.core.replay import Violation, audit
-
-_PREFIX = b'{"c":"'
-# The head of every line of an append_batch write except its last: "this write continues".
-# A SIGKILL inside a multi-page write() can leave the batch's first lines complete on disk;
-# readers hold such lines back until the write's last line is there, so an unacknowledged
-# batch is all or nothing after a crash too. Its CRC covers _MORE + R, so a flipped byte in
-# the marker is caught like any other; lines of single appends are unchanged. jq .r works.
-_MORE = b'{"b":"'
-_MORE_CRC = zlib.crc32(_MORE)
-_MIDDLE = b'","r":'
-_HEAD_LEN = len(_PREFIX) + 8 + len(_MIDDLE)  # 20 bytes before the record JSON
-_READ_CHUNK = 4 * 1024 * 1024
+from crosstalk.store.journal_format import (
+    decode_scanned,
+    encode_line,
+    scan_lines,
+    standalone,
+    whole_writes,
+)
 
 
 class JournalError(Exception):
@@ -112,101 +105,6 @@ class RetentionResult:
     kept: int
     dropped: int
     quarantined: int
-
-
-def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
-    body = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    head, crc = (_MORE, zlib.crc32(body, _MORE_CRC)) if more else (_PREFIX, zlib.crc32(body))
-    return b"%s%08x%s%s}\n" % (head, crc, _MIDDLE, body)
-
-
-def decode_line(line: bytes) -> dict[str, Any] | str:
-    """Decode one line (without its newline): the record, or the reason it is damaged."""
-    if len(line) < _HEAD_LEN + 3 or not line.endswith(b"}"):
-        return "framing"
-    if not (line.startswith(_PREFIX) or line.startswith(_MORE)):
-        return "framing"
-    if line[len(_PREFIX) + 8 : _HEAD_LEN] != _MIDDLE:
-        return "framing"
-    crc_field = line[len(_PREFIX) : len(_PREFIX) + 8]
-    # Exactly what encode_line writes (8 lowercase hex digits): int(x, 16) alone also takes
-    # " 1a2b3c4", "+1a2b3c4" and "1A2B3C4D", so a flipped byte there went undetected.
-    if crc_field.strip(b"0123456789abcdef"):
-        return "framing"
-    crc = int(crc_field, 16)
-    body = line[_HEAD_LEN:-1]
-    if zlib.crc32(body, _MORE_CRC if line.startswith(_MORE) else 0) != crc:
-        return "checksum"
-    try:
-        record = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return "json"
-    if not isinstance(record, dict):
-        return "json"
-    return record
-
-
-@dataclass(frozen=True)
-class _Line:
-    offset: int  # first byte of the line
-    end: int  # offset of its newline
-    raw: bytes | None  # the line without its newline; None when it exceeds the limit
-
-
-def _scan(fd: int, start: int, end: int, max_line: int) -> Iterator[_Line]:
-    """Yield every complete line in ``[start, end)``.
-
-    A trailing fragment without a newline is not yielded: the caller sees it as the gap
-    between the last line's end and ``end``. Oversize lines are yielded with ``raw=None`` and
-    are never held in memory beyond the limit.
-    """
-    pos = start
-    buf = b""
-    line_start = start
-    oversize = False
-    while pos < end:
-        chunk = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
-        if not chunk:
-            break
-        cpos = 0
-        while True:
-            nl = chunk.find(b"\n", cpos)
-            if nl < 0:
-                if not oversize:
-                    buf += chunk[cpos:]
-                    if len(buf) > max_line:
-                        oversize, buf = True, b""
-                break
-            if oversize or len(buf) + (nl - cpos) > max_line:
-                yield _Line(line_start, pos + nl, None)
-            else:
-                yield _Line(line_start, pos + nl, buf + chunk[cpos:nl])
-            buf, oversize = b"", False
-            cpos = nl + 1
-            line_start = pos + cpos
-        pos += len(chunk)
-
-
-def _decode(line: _Line) -> dict[str, Any] | str:
-    return "oversize" if line.raw is None else decode_line(line.raw)
-
-
-def _whole_writes(lines: Iterator[_Line]) -> Iterator[tuple[_Line, dict[str, Any] | str]]:
-    """Decode lines, holding back intact ``_MORE`` lines until a line ends their write.
-
-    Only a write cut short at the end of the file (its writer died) leaves them unended; they
-    are then never yielded and the caller sees them as part of the torn tail. Any later line,
-    even a damaged one, proves the write completed, so mid-file they are passed on as usual.
-    """
-    pending: list[tuple[_Line, dict[str, Any] | str]] = []
-    for line in lines:
-        decoded = _decode(line)
-        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
-            pending.append((line, decoded))
-            continue
-        yield from pending
-        pending.clear()
-        yield line, decoded
 
 
 class Journal:
@@ -308,7 +206,7 @@ class Journal:
         sink = collect if collect is not None else Replay()
         start = 0 if reading else self._offset
         end = start
-        for line, decoded in _whole_writes(_scan(self._fd, start, size, self._max_line)):
+        for line, decoded in whole_writes(scan_lines(self._fd, start, size, self._max_line)):
             end = line.end + 1
             if isinstance(decoded, str):
                 sink.damage.append(Damage(line.offset, line.end - line.offset, decoded))
@@ -459,20 +357,15 @@ class Journal:
             records: list[dict[str, Any]] = []
             damaged: list[bytes] = []
             size = self._offset
-            for line in _scan(self._fd, 0, size, self._max_line):
-                decoded = _decode(line)
+            for line in scan_lines(self._fd, 0, size, self._max_line):
+                decoded = decode_scanned(line)
                 if isinstance(decoded, str):
                     damaged.append(line.raw if line.raw is not None
                                    else b"<oversize line at %d>" % line.offset)
                     continue
                 assert line.raw is not None
                 raw = line.raw
-                if raw.startswith(_MORE):
-                    # kept lines stand alone in the new file: a kept _MORE line whose batch
-                    # end was dropped must not read as an unfinished write there
-                    body = raw[_HEAD_LEN:-1]
-                    raw = b"%s%08x%s%s}" % (_PREFIX, zlib.crc32(body), _MIDDLE, body)
-                lines.append(raw)
+                lines.append(standalone(raw))
                 records.append(decoded)
             keep = retention.plan(records, now, max_age)
             if keep:
@@ -531,7 +424,7 @@ def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Repla
     try:
         size = os.fstat(fd).st_size
         end = 0
-        for line, decoded in _whole_writes(_scan(fd, 0, size, max_line)):
+        for line, decoded in whole_writes(scan_lines(fd, 0, size, max_line)):
             end = line.end + 1
             if isinstance(decoded, str):
                 result.damage.append(Damage(line.offset, line.end - line.offset, decoded))

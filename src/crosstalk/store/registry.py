@@ -17,37 +17,45 @@ Why it is shaped like this (seed §3, F8, C7):
   exit path can therefore never delete a newer registration's descriptor.
 - Lock files are never unlinked (see :class:`~crosstalk.store.files.FileLock`).
 - Readers judge a descriptor stale when its pid is dead or that pid's start time differs
-  (pid reuse); a descriptor from another pid namespace is ``foreign``, neither live nor dead.
+  (pid reuse); a descriptor from another pid namespace is ``foreign``, neither live nor dead
+  (the descriptor itself, its schema and that verdict: :mod:`crosstalk.store.descriptor`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import os
 import secrets
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from crosstalk import proc
 from crosstalk.config import PRIVATE_FILE_MODE, ensure_private_dir
 from crosstalk.core.ids import is_agent_id
 from crosstalk.core.naming import is_valid_name
+from crosstalk.store.descriptor import (
+    PROTOCOL,
+    Descriptor,
+    DescriptorError,
+    DescriptorLiveness,
+    RegistryError,
+    liveness,
+    own_process_identity,
+    read_descriptor,
+)
 from crosstalk.store.files import FileLock, is_locked, unlink_durable, write_atomic
 
-PROTOCOL = 1
+#: The descriptor's names are the registry's public face too: callers import one module.
+__all__ = [
+    "PROTOCOL", "AgentBusy", "Descriptor", "DescriptorError", "DescriptorLiveness", "Listed",
+    "NameChoice", "NoFreeName", "Registration", "Registry", "RegistryError", "Unreadable",
+    "liveness", "own_process_identity", "read_descriptor",
+]
+
 _TEMP_FILE_GRACE = 60.0
-_MAX_DESCRIPTOR_BYTES = 64 * 1024
-
-
-class RegistryError(Exception):
-    """Base class for registry failures."""
 
 
 class AgentBusy(RegistryError):
@@ -58,110 +66,12 @@ class NoFreeName(RegistryError):
     """Every candidate name is held by a live registration."""
 
 
-class DescriptorError(RegistryError, ValueError):
-    """A descriptor file does not have the shape the protocol requires."""
-
-
-class Liveness(StrEnum):
-    LIVE = "live"
-    STALE = "stale"
-    FOREIGN = "foreign"  # another pid namespace: cannot be checked from here
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    """The public record of one registered agent (seed §3). Never contains a secret."""
-
-    agent_id: str
-    name: str
-    harness: str
-    session_ref: str
-    cwd: str
-    pid: int
-    started_at: str
-    instance_id: str
-    credential_ref: str
-    role: str = "primary"
-    owner: str | None = None
-    harness_pid: int | None = None
-    harness_started_at: str | None = None
-    a2a_url: str | None = None
-    uds_path: str | None = None
-    harness_endpoint: str | None = None
-    harness_version: str | None = None
-    pid_domain: str | None = None
-    installed: bool = True
-    protocol: int = PROTOCOL
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        # Unknown fields from a newer writer are carried through, but never over known ones.
-        data = dict(self.extra)
-        data.update({k: v for k, v in asdict(self).items() if k != "extra"})
-        return json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> Descriptor:
-        if len(raw) > _MAX_DESCRIPTOR_BYTES:
-            raise DescriptorError("descriptor too large")
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            # RecursionError: deeply nested input ("[[[[..." well under the size cap) makes
-            # json.loads give up; uncaught, one such file crashed scan() and sweep_stale().
-            raise DescriptorError(f"not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise DescriptorError("descriptor is not a JSON object")
-        return cls.from_dict(data)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Descriptor:
-        known = {f.name: f for f in fields(cls) if f.name != "extra"}
-        kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-        missing = [n for n in _REQUIRED if n not in data]
-        if missing:
-            raise DescriptorError(f"missing fields: {', '.join(missing)}")
-        for name, types in _TYPES.items():
-            if name in kwargs and not _is(kwargs[name], types):
-                raise DescriptorError(f"field {name!r} has the wrong type")
-        if not is_agent_id(kwargs["agent_id"]):
-            raise DescriptorError("agent_id is not 16 hex digits")
-        if not is_valid_name(kwargs["name"]):
-            raise DescriptorError("name is not a valid agent name")
-        if kwargs["pid"] <= 0:
-            raise DescriptorError("pid must be positive")
-        extra = {k: v for k, v in data.items() if k not in known}
-        return cls(**kwargs, extra=extra)
-
-
-_REQUIRED = ("agent_id", "name", "harness", "session_ref", "cwd", "pid", "started_at",
-             "instance_id", "credential_ref")
-_STR = (str,)
-_OPT_STR = (str, type(None))
-_OPT_INT = (int, type(None))
-_TYPES: dict[str, tuple[type, ...]] = {
-    "agent_id": _STR, "name": _STR, "harness": _STR, "session_ref": _STR, "cwd": _STR,
-    "pid": (int,), "started_at": _STR, "instance_id": _STR, "credential_ref": _STR,
-    "role": _STR, "owner": _OPT_STR, "harness_pid": _OPT_INT, "harness_started_at": _OPT_STR,
-    "a2a_url": _OPT_STR, "uds_path": _OPT_STR, "harness_endpoint": _OPT_STR,
-    "harness_version": _OPT_STR, "pid_domain": _OPT_STR, "installed": (bool,),
-    "protocol": (int,),
-}
-
-
-def _is(value: object, types: tuple[type, ...]) -> bool:
-    # bool is an int subclass; a descriptor with "pid": true is malformed, not pid 1.
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
-
-
 @dataclass(frozen=True)
 class Listed:
     """A descriptor as a reader sees it, with the verdict on whether its owner is alive."""
 
     descriptor: Descriptor
-    liveness: Liveness
+    liveness: DescriptorLiveness
     path: Path
 
 
@@ -171,12 +81,6 @@ class Unreadable:
 
     path: Path
     reason: str
-
-
-def liveness(desc: Descriptor) -> Liveness:
-    if desc.pid_domain is not None and desc.pid_domain != proc.pid_domain():
-        return Liveness.FOREIGN
-    return Liveness.LIVE if proc.process_matches(desc.pid, desc.started_at) else Liveness.STALE
 
 
 class Registry:
@@ -253,7 +157,8 @@ class Registry:
         return listed, bad
 
     def live(self) -> list[Descriptor]:
-        return [item.descriptor for item in self.scan()[0] if item.liveness is Liveness.LIVE]
+        listed = self.scan()[0]
+        return [item.descriptor for item in listed if item.liveness is DescriptorLiveness.LIVE]
 
     def find(self, name_or_id: str) -> list[Descriptor]:
         """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
@@ -295,7 +200,7 @@ class Registry:
             desc = read_descriptor(self.descriptor_path(agent_id))
         except (OSError, DescriptorError):
             return None
-        if desc.agent_id != agent_id or liveness(desc) is not Liveness.LIVE:
+        if desc.agent_id != agent_id or liveness(desc) is not DescriptorLiveness.LIVE:
             return None
         return desc
 
@@ -329,7 +234,7 @@ class Registry:
         removed: list[str] = []
         listed, _ = self.scan()
         for item in listed:
-            if item.liveness is not Liveness.STALE:
+            if item.liveness is not DescriptorLiveness.STALE:
                 continue
             lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
             if lock is None:
@@ -340,7 +245,7 @@ class Registry:
                 except (OSError, DescriptorError):
                     continue
                 if current.instance_id == item.descriptor.instance_id and (
-                    liveness(current) is Liveness.STALE
+                    liveness(current) is DescriptorLiveness.STALE
                 ):
                     unlink_durable(item.path)
                     unlink_durable(self.credential_path(current.agent_id))
@@ -355,19 +260,6 @@ class Registry:
                 with contextlib.suppress(OSError):
                     if now - tmp.lstat().st_mtime > _TEMP_FILE_GRACE:
                         tmp.unlink()
-
-
-def read_descriptor(path: Path) -> Descriptor:
-    # O_NONBLOCK + S_ISREG: a FIFO or device planted as "<id>.json" must not hang a scan;
-    # O_NOFOLLOW: a symlink is not a descriptor we wrote.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DescriptorError("not a regular file")
-        raw = os.read(fd, _MAX_DESCRIPTOR_BYTES + 1)
-    finally:
-        os.close(fd)
-    return Descriptor.from_json(raw)
 
 
 def _checked_id(agent_id: str) -> str:
@@ -424,8 +316,8 @@ class Registration:
     def _take_name(self, candidates: Iterable[str]) -> tuple[NameChoice, FileLock | None]:
         # Returns the previous alias lock still held; the caller releases it. rename() needs
         # that: seed §3 orders a rename as take new lock, rewrite descriptor, release old lock.
-        # Releasing first let another agent take the old name while our descriptor still
-        # claimed it (two live descriptors with one name).
+        # Releasing first would let another agent take the old name while our descriptor
+        # still names it (two live descriptors with one name).
         self._require_active()
         ordered = list(dict.fromkeys(candidates))
         if not ordered:
@@ -512,12 +404,3 @@ class Registration:
             if self._name_lock is not None:
                 self._name_lock.release()
             self._agent_lock.release()
-
-
-def own_process_identity() -> tuple[int, str]:
-    """(pid, start time) of this process, as descriptors record them."""
-    pid = os.getpid()
-    started = proc.process_start_time(pid)
-    if started is None:
-        raise RegistryError("cannot read this process's start time")
-    return pid, started

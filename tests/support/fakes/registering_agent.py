@@ -28,7 +28,7 @@ from crosstalk.store.files import FileLock
 from crosstalk.store.registry import (
     AgentBusy,
     Descriptor,
-    Liveness,
+    DescriptorLiveness,
     Registration,
     Registry,
     own_process_identity,
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             if not seen_live:
                 listed, _ = registry.scan()
                 seen_live = any(
-                    i.descriptor.agent_id == target and i.liveness is Liveness.LIVE
+                    i.descriptor.agent_id == target and i.liveness is DescriptorLiveness.LIVE
                     for i in listed
                 )
             elif extra <= 0:

@@ -46,7 +46,8 @@ RETRY_DELAY: Final = 0.025
 RACY_WINDOW_NS: Final = 2_000_000_000
 
 Status = Literal["idle", "busy", "shell", "waiting", "unknown"]
-Liveness = Literal["live", "dead", "foreign"]
+#: Whether a Claude session record's process is running (Claude's own three answers).
+SessionLiveness = Literal["live", "dead", "foreign"]
 
 _STATUSES: Final[frozenset[str]] = frozenset({"idle", "busy", "shell", "waiting"})
 # fullmatch with explicit ASCII classes: Python's \d also matches other scripts' digits and
@@ -378,7 +379,7 @@ def read_record(
 # -- liveness ----------------------------------------------------------------------------------
 
 
-def liveness(s: ClaudeSession) -> Liveness:
+def liveness(s: ClaudeSession) -> SessionLiveness:
     """Whether the record's process is running, as Claude's listers decide it.
 
     ``"foreign"``: the record names another pid domain (pid namespace / machine), so its pid

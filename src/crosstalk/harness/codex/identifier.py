@@ -93,13 +93,16 @@ class CodexIdentifier:
         """:meth:`CodexHarness.reconcile` for the bound thread (harness.base.Reconciler)."""
         return await self._harness(binding.session_ref).reconcile(binding, message_id)
 
-    # -- discovery (harness.base.Discovery) ----------------------------------------------
+    # -- discovery (harness.base.Discovery, harness.async_discovery.AsyncDiscovery) -------
 
     def discover(self) -> list[Session]:
-        """Loaded user threads on every known app-server (blocking: its own event loop)."""
-        return asyncio.run(self._discover())
+        """Loaded user threads on every known app-server, for a caller without an event loop
+        (``crosstalk agents``). From a loop, await :meth:`discover_async` instead."""
+        return asyncio.run(self.discover_async())
 
-    async def _discover(self) -> list[Session]:
+    async def discover_async(self) -> list[Session]:
+        """Loaded user threads on every known app-server; a thread loaded on several is listed
+        once, unreachable (no single host to deliver to)."""
         by_endpoint = await asyncio.gather(*(_threads_at(e) for e in self.endpoints()
                                              if os.path.exists(e)))
         seen: dict[str, list[Session]] = {}
