@@ -40,7 +40,7 @@ from crosstalk.core.admission import Admission, Limits
 from crosstalk.core.hops import check_hop_chain, hop_token
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.mailbox import bounce_text, build_entries
-from crosstalk.core.message import Ingress, Kind, Message, Sender
+from crosstalk.core.message import Ingress, Kind, Message, Sender, with_valid_unicode
 from crosstalk.core.policy import TargetRole, authorize
 from crosstalk.core.records import (
     AskEnded,
@@ -130,8 +130,10 @@ class Receiver:
         """Dedupe, checks and the durable ``submitted`` record, all without yielding.
 
         Returns the admitted :class:`Inbound`, or the final :class:`Result` when the message
-        stops here (duplicate or rejected).
+        stops here (duplicate or rejected). Text that is not valid Unicode is repaired first
+        (lone surrogates become U+FFFD, journaled as ``repaired``): never dropped.
         """
+        msg = with_valid_unicode(msg)
         if msg.native and msg.sender.agent_id == self.agent_id:
             return self._bounce(msg)
         prior = self.entries.get(msg.message_id)

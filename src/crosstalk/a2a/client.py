@@ -53,6 +53,7 @@ from google.protobuf.json_format import MessageToDict
 from crosstalk.a2a import wire
 from crosstalk.config import DELIVERY_TIMEOUT
 from crosstalk.core.ids import new_message_id
+from crosstalk.core.message import valid_unicode
 
 DEFAULT_TIMEOUT = 30.0
 #: An ask sent with the default wait blocks until it is answered; without a deadline the
@@ -121,7 +122,9 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
     if timeout is None:
         timeout = _default_timeout(kind, deadline_seconds,
                                    waits=not (return_immediately or until_delivered))
-    message = pb.Message(message_id=mid, role=pb.ROLE_USER, parts=[pb.Part(text=text)],
+    # The A2A wire (protobuf strings) cannot carry a lone surrogate: repair, never fail.
+    message = pb.Message(message_id=mid, role=pb.ROLE_USER,
+                         parts=[pb.Part(text=valid_unicode(text))],
                          context_id=context_id or "", task_id=task_id or "")
     meta = wire.encode_request_metadata(kind=kind, delivery=delivery,
                                         deadline_seconds=deadline_seconds,

@@ -50,6 +50,29 @@ class SendFailure(Exception):
         self.exit_code = exit_code
 
 
+def message_text(text: str, stdin: IO[str] | None = None) -> str:
+    """The message to send: ``text``, or stdin for ``-``. Bytes that are not UTF-8 (in argv,
+    decoded by Python with surrogate escapes, or on stdin) are a usage error: what they were
+    meant to say cannot be known, so nothing is sent."""
+    if text == "-":
+        if stdin is None:
+            raw = sys.stdin.buffer.read()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SendFailure(2, f"the message on stdin is not UTF-8 (byte {exc.start} "
+                                  f"is {raw[exc.start]:#04x}); nothing was sent") from None
+        else:
+            text = stdin.read()
+        text = text.removesuffix("\n")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SendFailure(2, f"the message is not valid UTF-8 (character {exc.start}); "
+                          "nothing was sent") from None
+    return text
+
+
 # -- resolving and reading the key --------------------------------------------------------------
 
 
@@ -217,9 +240,8 @@ def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
     """The ``crosstalk send`` command: ``text`` ``-`` reads the message from stdin."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if text == "-":
-        text = (stdin or sys.stdin).read().removesuffix("\n")
     try:
+        text = message_text(text, stdin)
         sent = send(home, to, text, timeout=timeout)
     except SendFailure as exc:
         print(f"crosstalk send: {exc}", file=err)
@@ -242,9 +264,8 @@ def run_broadcast(home: Path, targets: list[str], text: str, *, confirm_count: i
     own message and ack. Exit 0 all accepted/queued, 5 some, else the first failure's."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if text == "-":
-        text = (stdin or sys.stdin).read().removesuffix("\n")
     try:
+        text = message_text(text, stdin)
         resolved = list({d.agent_id: d for d in (resolve_target(home, t) for t in targets)
                          }.values())
     except SendFailure as exc:

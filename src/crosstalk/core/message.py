@@ -7,8 +7,11 @@ frame says about itself ever becomes identity (seed §7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+#: What a lone surrogate becomes (seed §5 "bad input"): the Unicode replacement character.
+REPLACEMENT = "\ufffd"
 
 
 class Kind(StrEnum):
@@ -83,7 +86,46 @@ class Message:
     native: bool = False
     #: Anything the wire carried that we keep for display (e.g. Claude's from-name), untrusted.
     asserted: dict[str, str] = field(default_factory=dict)
+    #: The fields whose lone surrogates were replaced on arrival (:func:`with_valid_unicode`).
+    repaired: tuple[str, ...] = ()
 
     @property
     def text_bytes(self) -> int:
         return len(self.text.encode())
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` as valid Unicode: a surrogate pair becomes its character, a lone surrogate
+    U+FFFD.
+
+    JSON (and so a JavaScript sender, or Claude's native SendMessage) can carry a lone
+    surrogate escape such as ``"\\ud83d"`` (a truncated emoji); UTF-8 cannot encode it, so it
+    could not be journaled, injected or measured. The rule on every ingress is the same:
+    repair and deliver, with the repair journaled (``Message.repaired``), never drop.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def with_valid_unicode(msg: Message) -> Message:
+    """``msg`` with every text field it carries made valid Unicode; ``repaired`` names them."""
+    fixed: dict[str, object] = {}
+    fields = {"text": msg.text, "in_reply_to": msg.in_reply_to, "context_id": msg.context_id,
+              "task_id": msg.task_id}
+    for name, value in fields.items():
+        if value is not None and (good := valid_unicode(value)) != value:
+            fixed[name] = good
+    hops = tuple(valid_unicode(h) for h in msg.hop_chain)
+    if hops != msg.hop_chain:
+        fixed["hop_chain"] = hops
+    asserted = {valid_unicode(k): valid_unicode(v) for k, v in msg.asserted.items()}
+    if asserted != msg.asserted:
+        fixed["asserted"] = asserted
+    if not fixed:
+        return msg
+    return replace(msg, repaired=(*msg.repaired, *sorted(fixed)), **fixed)  # type: ignore[arg-type]

@@ -49,6 +49,8 @@ class MessageSubmitted(StateRecord):
     native: bool = False
     #: What the wire asserted, untrusted (``Message.asserted``; stored as ``claimed``).
     asserted: Mapping[str, str] = field(default_factory=dict)
+    #: The fields whose lone surrogates were replaced on arrival (``Message.repaired``).
+    repaired: tuple[str, ...] = ()
     sent_at: float | None = None
     #: The harness binding the receiver had (``harness.base.Binding.as_record``), as written.
     binding: Json | None = None
@@ -61,7 +63,7 @@ class MessageSubmitted(StateRecord):
                    context_id=msg.context_id, task_id=msg.task_id,
                    continuation=msg.continuation, deadline_seconds=msg.deadline_seconds,
                    hop_chain=msg.hop_chain, native=msg.native, asserted=dict(msg.asserted),
-                   sent_at=msg.sent_at, binding=binding,
+                   repaired=msg.repaired, sent_at=msg.sent_at, binding=binding,
                    refs=tuple(r for r in (msg.task_id, msg.in_reply_to) if r))
 
     def message(self) -> Message | None:
@@ -76,10 +78,11 @@ class MessageSubmitted(StateRecord):
                        delivery=delivery, in_reply_to=self.in_reply_to,
                        context_id=self.context_id, task_id=self.task_id,
                        continuation=self.continuation, deadline_seconds=self.deadline_seconds,
-                       hop_chain=self.hop_chain, native=self.native, sent_at=self.sent_at)
+                       hop_chain=self.hop_chain, native=self.native, sent_at=self.sent_at,
+                       repaired=self.repaired)
 
     def _fields(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.id, "state": self.state.value, "sender": sender_to_dict(self.sender),
             "kind": self.kind, "delivery": self.delivery, "text": self.text,
             "in_reply_to": self.in_reply_to, "context_id": self.context_id,
@@ -89,6 +92,9 @@ class MessageSubmitted(StateRecord):
             "binding": dict(self.binding) if self.binding is not None else None,
             "refs": list(self.refs),
         }
+        if self.repaired:
+            out["repaired"] = list(self.repaired)
+        return out
 
     @classmethod
     def parse(cls, raw: Json) -> MessageSubmitted:
@@ -102,7 +108,7 @@ class MessageSubmitted(StateRecord):
             continuation=bool(raw.get("continuation")),
             deadline_seconds=int(deadline) if isinstance(deadline, int | float) else 0,
             hop_chain=_strs(raw, "hop_chain"), native=bool(raw.get("native")),
-            asserted=_asserted(raw),
+            asserted=_asserted(raw), repaired=_strs(raw, "repaired"),
             sent_at=_number(raw, "sent_at"), binding=_map(raw, "binding"),
             refs=_strs(raw, "refs"))
 
