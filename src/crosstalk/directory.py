@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crosstalk.core.ids import agent_id_for
-from crosstalk.harness.async_discovery import AsyncDiscovery
-from crosstalk.harness.base import Discovery, Session
+from crosstalk.harness.base import AsyncDiscovery, Discovery, Session
 from crosstalk.store.registry import Descriptor, DescriptorLiveness, Registry
 
 log = logging.getLogger(__name__)

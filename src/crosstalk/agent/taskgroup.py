@@ -40,10 +40,6 @@ class TaskGroup:
         self._host: asyncio.Task[None] | None = None
         self._closed = False
 
-    @property
-    def running(self) -> bool:
-        return self._group is not None and not self._closed
-
     async def open(self) -> None:
         """Enter the group (in its host task); a no-op once open."""
         if self._host is not None or self._closed:

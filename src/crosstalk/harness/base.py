@@ -163,6 +163,18 @@ class Discovery(Protocol):
         ...
 
 
+@runtime_checkable
+class AsyncDiscovery(Discovery, Protocol):
+    """A discovery whose listing is network I/O (Codex asks each app-server over a socket):
+    ``discover_async`` runs on the event loop that owns the caller (the shim's), so listing
+    from that loop never starts a loop of its own; ``crosstalk agents`` (no loop) keeps
+    calling ``discover``."""
+
+    async def discover_async(self) -> list[Session]:
+        """What :meth:`Discovery.discover` returns, awaited on the caller's event loop."""
+        ...
+
+
 @dataclass(frozen=True)
 class Receipt:
     """What a harness said about a message after it took it (Claude's peer_message_status):

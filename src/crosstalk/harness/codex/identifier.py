@@ -93,7 +93,7 @@ class CodexIdentifier:
         """:meth:`CodexHarness.reconcile` for the bound thread (harness.base.Reconciler)."""
         return await self._harness(binding.session_ref).reconcile(binding, message_id)
 
-    # -- discovery (harness.base.Discovery, harness.async_discovery.AsyncDiscovery) -------
+    # -- discovery (harness.base.Discovery, harness.base.AsyncDiscovery) -----------------------
 
     def discover(self) -> list[Session]:
         """Loaded user threads on every known app-server, for a caller without an event loop
