@@ -14,13 +14,16 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
 from crosstalk.config import ensure_private_dir, state_dir
 from crosstalk.harness.loader import identifiers
 from crosstalk.harness.plugin import ShimContext
 from crosstalk.shim.roster import Shim
+from crosstalk.shim.stdio import RequestLines, claimed_stdin
 from crosstalk.shim.tools import Tools, build_server
 from crosstalk.store.registry import Registry
 
@@ -75,30 +78,35 @@ async def serve_stdio(env: dict[str, str], ppid: int | None = None) -> None:
     shim = Shim(registry, identifiers(shim_context(env, ppid, registry)), env=env)
     server = build_server(Tools(shim))
     try:
-        async with stdio_server() as (read, write):
-            serve = asyncio.ensure_future(
-                server.run(read, write, server.create_initialization_options()))
-            watch = asyncio.ensure_future(_watch_parent(ppid, shim))
-            try:
-                done, _ = await asyncio.wait({serve, watch},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if watch in done:
-                    # Orphaned: clean up, then leave at once. The stdio reader is a thread
-                    # blocked on a stdin that may never reach EOF; an orderly shutdown would
-                    # wait for it forever and keep this agent looking alive.
-                    await shim.close()
-                    logging.shutdown()
-                    os._exit(0)
-            finally:
-                for task in (serve, watch):
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
-                # Inside the stdio context: leaving it may wait on a reader thread blocked on
-                # a stdin that never closes, and the agents must be unpublished regardless.
-                await shim.close()
+        with claimed_stdin() as wire:
+            await _serve(server, shim, ppid, RequestLines(wire))
     finally:
         await shim.close()
+
+
+async def _serve(server: Server[Any], shim: Shim, ppid: int, lines: RequestLines) -> None:
+    async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
+        lines.answer_to(write)
+        serve = asyncio.ensure_future(
+            server.run(read, write, server.create_initialization_options()))
+        watch = asyncio.ensure_future(_watch_parent(ppid, shim))
+        try:
+            done, _ = await asyncio.wait({serve, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch in done:
+                # Orphaned: clean up, then leave at once. The stdio reader is a thread
+                # blocked on a stdin that may never reach EOF; an orderly shutdown would
+                # wait for it forever and keep this agent looking alive.
+                await shim.close()
+                logging.shutdown()
+                os._exit(0)
+        finally:
+            for task in (serve, watch):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            # Inside the stdio context: leaving it may wait on a reader thread blocked on
+            # a stdin that never closes, and the agents must be unpublished regardless.
+            await shim.close()
 
 
 async def _serve_until_signalled(env: dict[str, str], ppid: int | None) -> None:
