@@ -48,7 +48,7 @@ class Fuzzed:
 def fuzzed(tmp_path: Path) -> Iterator[Fuzzed]:
     with short_dir() as sockdir:
         node = make_node(tmp_path / "state", sockdir / "r.sock", idle_timeout=1.0,
-                         max_line=MAX_LINE, close_grace=0.5)
+                         first_line_timeout=1.0, max_line=MAX_LINE, close_grace=0.5)
         node.registrations.append(register_agent(node.registry, "fuzz-sender", "fuzz-sender",
                                                  uds_path=sockdir / "s.sock", exact_name=True))
         loop = LoopThread()

@@ -33,6 +33,7 @@ from tests.support.uds import (
     acks,
     auth,
     child_send,
+    claude_frame,
     exchange,
     line,
     make_node,
@@ -61,17 +62,6 @@ def home(tmp_path: Path) -> Path:
 @pytest.fixture
 def node(home: Path, sockdir: Path) -> Node:
     return make_node(home, sockdir / "cc-socks" / "r.sock")
-
-
-def claude_frame(text: str, *, from_name: str = "trusted-boss", extra_attrs: str = "",
-                 msg_id: str | None = None) -> bytes:
-    """The exact shape Claude Code 2.1.328's SendMessage writes (research §6)."""
-    content = (f'<cross-session-message from="uds:/tmp/cc-socks/4242.sock" '
-               f'from-name="{from_name}" from-mode="prompting"{extra_attrs}>\n{text}\n'
-               "</cross-session-message>")
-    return line({"msgV": 1, "msg_id": msg_id or str(uuid.uuid4()), "type": "user",
-                 "message": {"role": "user", "content": content}, "priority": "next",
-                 "from": "uds:/tmp/cc-socks/4242.sock"})
 
 
 def mode(path: Path) -> int:
@@ -397,7 +387,7 @@ async def test_connect_and_close_probes_are_harmless(
     pytest.param(b"AUTH", id="auth_then_silence"),
 ])
 async def test_silence_closes_the_connection(home: Path, sockdir: Path, sent: bytes) -> None:
-    node = make_node(home, sockdir / "r.sock", idle_timeout=0.3)
+    node = make_node(home, sockdir / "r.sock", idle_timeout=0.3, first_line_timeout=0.3)
     async with serving(node):
         payload = auth(node.token()) if sent == b"AUTH" else sent
         raw, secs = await exchange(node.path, payload, half_close=False)
@@ -424,22 +414,6 @@ async def test_a_line_over_max_line_closes_without_injection(home: Path,
         ack = await send_a(node, user(wide, message_id=new_message_id()))
         assert ack["state"] == "accepted"
         assert node.harness.texts() == [wide]
-
-
-async def test_connections_beyond_the_limit_are_closed(home: Path, sockdir: Path) -> None:
-    node = make_node(home, sockdir / "r.sock", max_connections=2)
-    async with serving(node):
-        held = [await asyncio.open_unix_connection(os.fspath(node.path)) for _ in range(2)]
-        await eventually(lambda: node.ingress.connections == 2)
-        raw, secs = await exchange(node.path, auth(node.token()) + user("third"),
-                                   half_close=False)
-        assert raw == b""
-        assert secs < PROMPT_EOF
-        for _, w in held:
-            w.close()
-        await eventually(lambda: node.ingress.connections == 0)
-        assert (await send_a(node, user("room again")))["state"] == "accepted"
-        assert node.harness.texts() == ["room again"]
 
 
 # -- kinds -------------------------------------------------------------------------------------

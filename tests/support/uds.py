@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from crosstalk import proc
 from crosstalk.agent.lane import DispatchLane
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import journal_path
+from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.harness.base import Binding
 from crosstalk.harness.fake import FakeHarness
@@ -79,7 +81,8 @@ class Node:
 
 
 def make_node(home: Path, sock_path: Path, *, session: str = "receiver-session",
-              ops: FileOps | None = None, **ingress_kw: Any) -> Node:
+              ops: FileOps | None = None, limits: Limits | None = None,
+              **ingress_kw: Any) -> Node:
     registry = Registry(home)
     agent_id = agent_id_for("fake", session)
     jpath = journal_path(home, agent_id)
@@ -88,7 +91,7 @@ def make_node(home: Path, sock_path: Path, *, session: str = "receiver-session",
     harness = FakeHarness()
     binding = Binding("fake", session, None, new_instance_id())
     receiver = Receiver(agent_id=agent_id, journal=journal, harness=harness, binding=binding,
-                        reply_address=str(sock_path))
+                        limits=limits or Limits(), reply_address=str(sock_path))
     group = TaskGroup(f"agent {agent_id}")
     lane = DispatchLane(receiver, group,
                         grace_seconds=ingress_kw.get("close_grace", CLOSE_GRACE))
@@ -153,6 +156,17 @@ async def exchange(path: Path, payload: bytes, *, half_close: bool = True,
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+
+def claude_frame(text: str, *, from_name: str = "trusted-boss", extra_attrs: str = "",
+                 msg_id: str | None = None) -> bytes:
+    """The exact shape Claude Code 2.1.328's SendMessage writes (research §6)."""
+    content = (f'<cross-session-message from="uds:/tmp/cc-socks/4242.sock" '
+               f'from-name="{from_name}" from-mode="prompting"{extra_attrs}>\n{text}\n'
+               "</cross-session-message>")
+    return line({"msgV": 1, "msg_id": msg_id or str(uuid.uuid4()), "type": "user",
+                 "message": {"role": "user", "content": content}, "priority": "next",
+                 "from": "uds:/tmp/cc-socks/4242.sock"})
 
 
 def acks(raw: bytes) -> list[dict[str, Any]]:

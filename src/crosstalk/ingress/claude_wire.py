@@ -5,7 +5,8 @@ Wire format, as Claude Code 2.1.328 speaks it (``research/claude-code.md`` ยง5-ย
 NDJSON on a stream socket, one JSON object per ``\\n``-terminated line, blank lines skipped, a
 final fragment without ``\\n`` parsed at EOF, a line over 1,048,576 characters or 30 s without
 a complete line closes the connection, and connect-and-close probes are normal (Claude's
-ListAgents makes two before it sends).
+ListAgents makes two before it sends). Our ingress keeps Claude's limits except one: a
+connection's first line must come within :data:`FIRST_LINE_TIMEOUT`.
 
 A frame carrying our metadata (``"crosstalk": {"message_id": <uuid>}``) is an identified
 message the receiver dedupes; any other frame is native and gets a fresh id. A uds frame is
@@ -31,6 +32,10 @@ from crosstalk.core.message import Kind
 MAX_LINE = 1_048_576
 #: Claude Code closes a connection that sends no complete line within 30 s.
 IDLE_TIMEOUT = 30.0
+#: Our ingress wants a connection's first line sooner: every sender it serves (Claude's
+#: SendMessage, ``crosstalk send``) writes its whole frame right after connect, so a connection
+#: still silent after a few seconds is a stuck client or an attacker holding a place.
+FIRST_LINE_TIMEOUT = 3.0
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _ASSERTED_FIELDS = ("msg_id", "from", "priority", "session_id")
 _MAX_ASSERTED_CHARS = 300
@@ -137,23 +142,30 @@ def ack_line(message_id: str | None, state: str, reason: str | None) -> bytes:
 @dataclass
 class Lines:
     """Reads NDJSON lines with Claude's limits: ``max_line`` characters, and a complete
-    (non-blank) line within ``idle_timeout`` or the connection is closed."""
+    (non-blank) line within ``idle_timeout`` or the connection is closed. The first line has
+    its own, shorter bound when ``first_line_timeout`` is given (counted from when the reader
+    was made, i.e. from accept)."""
 
     reader: asyncio.StreamReader
     max_line: int
     idle_timeout: float
+    first_line_timeout: float | None = None
     eof: bool = field(default=False, init=False)
+    _started: bool = field(default=False, init=False)
 
     async def next(self) -> str | None:
         """The next non-blank line, ``None`` at EOF; raises :class:`Close` or :class:`BadFrame`."""
+        first = not self._started and self.first_line_timeout is not None
+        self._started = True
+        bound = self.first_line_timeout if first else self.idle_timeout
         try:
-            async with asyncio.timeout(self.idle_timeout):
+            async with asyncio.timeout(bound):
                 while not self.eof:
                     line = await self._read()
                     if line is not None and line.strip():
                         return line
         except TimeoutError:
-            raise Close("idle_timeout") from None
+            raise Close("first_line_timeout" if first else "idle_timeout") from None
         return None
 
     async def _read(self) -> str | None:

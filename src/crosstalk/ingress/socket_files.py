@@ -1,5 +1,6 @@
-"""The uds ingress's files: its private directory and its socket path (a stale socket left by a
-crash is replaced; a live one, or anything that is not a socket, is refused).
+"""The uds ingress's files: its private directory, its socket path (a stale socket left by a
+crash is replaced; a live one, or anything that is not a socket, is refused) and its key file
+(trusted only as a regular 0600 file of ours).
 """
 
 from __future__ import annotations
@@ -8,16 +9,19 @@ import contextlib
 import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
-from crosstalk.config import PRIVATE_DIR_MODE
+from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+
+_KEY_READ_LIMIT = 4096
 
 
 class IngressError(RuntimeError):
     """The ingress cannot start safely (directory not private, path in use, path too long)."""
 
 
-# -- frames (pure) -----------------------------------------------------------------------------
+# -- the files -------------------------------------------------------------------------------
 
 
 def private_dir(directory: Path) -> None:
@@ -61,3 +65,32 @@ def clear_stale_socket(path: Path) -> None:
     finally:
         probe.close()
     raise IngressError(f"another process is listening on {path}")
+
+
+def read_key(path: Path, *, check_mode: bool,
+             on_unsafe: Callable[[], None] | None = None) -> str | None:
+    """The key file's content, or ``None`` if it is missing or (``check_mode``) is not a
+    regular 0600 file owned by us — then it is refused, never trusted, and ``on_unsafe`` is
+    told."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if check_mode and (stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE
+                           or st.st_uid != os.getuid()):
+            if on_unsafe is not None:
+                on_unsafe()
+            return None
+        raw = os.read(fd, _KEY_READ_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None

@@ -22,6 +22,15 @@ Dispatch is the agent's: both shapes hand admitted messages to the agent's one o
 dispatch lane (:class:`Lane`), which the A2A ingress shares. Shape (a) waits for its
 message's turn and outcome before it acks; shape (b) does not wait at all.
 
+What a connection costs (:mod:`crosstalk.ingress.budget`): the cap counts connections still
+reading their frame, and a newcomer beyond it closes the oldest of them; a first line must come
+within :data:`~crosstalk.ingress.claude_wire.FIRST_LINE_TIMEOUT`. Shape (a)'s ack is still the
+injection's outcome — never given at admission, where ``accepted`` would not yet be true (and a
+uds message a crash leaves ``submitted`` is recovered, never injected: seed R2) — so its sender
+waits, outside the cap but under the receiver's wait limit: beyond ``Limits.max_waits`` a new
+frame is refused before admission (``rejected``, ``too_many_waits``, nothing journaled). A retry
+of an admitted message is answered from the past and needs no wait. ADR 0012.
+
 Identity comes only from the transport (peer pid + start time → descriptor); what a frame says
 about itself (``msg_id``, ``from``, ``priority``, ``session_id``, envelope attributes) is kept as
 display claims only (:func:`crosstalk.ingress.claude_wire.user_frame`).
@@ -38,7 +47,6 @@ import secrets
 import socket
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -46,7 +54,9 @@ from typing import Any, Protocol
 from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.ingress.budget import MAX_CONNECTIONS, Conn, Connections
 from crosstalk.ingress.claude_wire import (
+    FIRST_LINE_TIMEOUT,
     IDLE_TIMEOUT,
     MAX_LINE,
     BadFrame,
@@ -58,7 +68,12 @@ from crosstalk.ingress.claude_wire import (
     user_frame,
 )
 from crosstalk.ingress.peers import Peer, matches_peer, peer_of, verified
-from crosstalk.ingress.socket_files import IngressError, clear_stale_socket, private_dir
+from crosstalk.ingress.socket_files import (
+    IngressError,
+    clear_stale_socket,
+    private_dir,
+    read_key,
+)
 from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 from crosstalk.store.files import unlink_durable, write_atomic
 from crosstalk.store.registry import Descriptor, Registry
@@ -70,10 +85,6 @@ CLOSE_GRACE = 2.0
 #: Longest socket path accepted, in bytes; Claude Code refuses longer ones (macOS' sun_path is
 #: 104 bytes with the NUL, Linux' 108), so a longer path could not be addressed by Claude anyway.
 MAX_SOCKET_PATH = 103
-#: Concurrent connections served; more are closed at once (probes and senders are short-lived).
-MAX_CONNECTIONS = 64
-
-_KEY_READ_LIMIT = 4096
 #: In-flight accepts surface as connection tasks within a few loop turns after the listener
 #: closes; stop() waits this many quiet turns before it declares the server drained.
 _SETTLE_TURNS = 8
@@ -99,11 +110,6 @@ class Lane(Protocol):
 # -- the server --------------------------------------------------------------------------------
 
 
-@dataclass
-class _Conn:
-    receiving: bool = False
-
-
 class UdsIngress:
     """One agent's Claude-compatible socket, feeding its receiver chain."""
 
@@ -115,6 +121,7 @@ class UdsIngress:
         *,
         lane: Lane,
         idle_timeout: float = IDLE_TIMEOUT,
+        first_line_timeout: float = FIRST_LINE_TIMEOUT,
         max_line: int = MAX_LINE,
         close_grace: float = CLOSE_GRACE,
         max_connections: int = MAX_CONNECTIONS,
@@ -127,13 +134,14 @@ class UdsIngress:
         #: The agent's dispatch lane: every admitted frame is dispatched there, in order.
         self.lane = lane
         self.idle_timeout = idle_timeout
+        self.first_line_timeout = first_line_timeout
         self.max_line = max_line
         self.close_grace = close_grace
         self.max_connections = max_connections
         #: Where control frames (Claude's receipts) go; they are never messages.
         self.control = control
         self._server: asyncio.Server | None = None
-        self._conns: dict[asyncio.Task[Any], _Conn] = {}
+        self._conns = Connections(max_connections, str(self.path))
         self._closing = False
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -147,6 +155,11 @@ class UdsIngress:
     def connections(self) -> int:
         """Connections being served right now."""
         return len(self._conns)
+
+    @property
+    def reading(self) -> int:
+        """Connections still reading their frame (the ones :data:`MAX_CONNECTIONS` counts)."""
+        return self._conns.readers
 
     async def __aenter__(self) -> UdsIngress:
         await self.start()
@@ -225,7 +238,7 @@ class UdsIngress:
     async def _drain_connections(self) -> None:
         tasks = list(self._conns)
         for task in tasks:
-            if not self._conns[task].receiving:
+            if self._conns[task].reading:
                 task.cancel()  # waiting for input: nothing of it was accepted yet
         _, pending = await asyncio.wait(tasks, timeout=self.close_grace)
         for task in pending:
@@ -250,13 +263,9 @@ class UdsIngress:
                           writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        conn = _Conn()
-        self._conns[task] = conn
+        conn = self._conns.add(task)
         try:
             if self._closing:
-                return
-            if len(self._conns) > self.max_connections:
-                log.info("uds ingress %s: too many connections, closing one", self.path)
                 return
             await self._serve(reader, writer, conn)
             writer.close()
@@ -265,22 +274,24 @@ class UdsIngress:
         except Close as exc:
             log.debug("uds ingress %s: closed (%s)", self.path, exc.reason)
         except asyncio.CancelledError:
-            # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
-            # would make asyncio's own done-callback (task.exception()) log an error.
-            log.debug("uds ingress %s: connection cancelled by stop", self.path)
+            # stop() or an eviction cancelled us. This task is ours alone and ends here;
+            # ending it cancelled would make asyncio's own done-callback log an error.
+            log.debug("uds ingress %s: connection %s", self.path,
+                      "evicted for a newer one" if conn.evicted else "cancelled by stop")
         except Exception:
             log.exception("uds ingress %s: connection failed", self.path)
         finally:
-            del self._conns[task]
+            self._conns.remove(conn)
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     conn: _Conn) -> None:
+                     conn: Conn) -> None:
         peer = peer_of(writer)
         if peer is not None and peer.uid != os.getuid():
             log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
             return
-        lines = Lines(reader, self.max_line, self.idle_timeout)
+        lines = Lines(reader, self.max_line, self.idle_timeout,
+                      first_line_timeout=self.first_line_timeout)
         try:
             first = await lines.next()
             if first is None:
@@ -292,8 +303,10 @@ class UdsIngress:
         kind = obj.get("type")
         if kind == "auth":
             await self._shape_a(obj, lines, writer, peer, conn)
-        elif kind == "user":
-            await self._shape_b(obj, peer, conn)
+            return
+        self._conns.done_reading(conn)  # the first line is the frame
+        if kind == "user":
+            await self._shape_b(obj, peer)
         elif kind == "control":
             # Receipts (peer_message_status) and other control frames are not messages: never
             # injected, never answered; the handler decides whether they name our frames.
@@ -302,14 +315,18 @@ class UdsIngress:
             log.debug("uds ingress %s: unknown frame type", self.path)
 
     async def _shape_a(self, auth: Mapping[str, Any], lines: Lines,
-                       writer: asyncio.StreamWriter, peer: Peer | None, conn: _Conn) -> None:
+                       writer: asyncio.StreamWriter, peer: Peer | None, conn: Conn) -> None:
         token = auth.get("token")
         if not isinstance(token, str) or not self._token_ok(token):
+            self._conns.done_reading(conn)
             log.info("uds ingress %s: authentication failed", self.path)
             await self._ack(writer, None, "rejected", "auth_failed")
             return
         try:
-            line = await lines.next()
+            try:
+                line = await lines.next()
+            finally:
+                self._conns.done_reading(conn)  # the frame is in hand, or the connection ends
             if line is None:
                 raise BadFrame("no user line after auth")
             obj = parse_line(line)
@@ -327,15 +344,26 @@ class UdsIngress:
             await self._ack(writer, frame.message_id, "rejected", "unknown_kind")
             return
         msg = self._message(frame, self._sender(peer))
+        # A retry of an admitted message is answered from the past (never denied); only a new
+        # message waits for an outcome, and waiting is bounded (the module docstring).
+        waits = msg.message_id not in self.receiver.entries
+        if waits and (refused := self.receiver.admission.reserve_wait()) is not None:
+            log.debug("uds ingress %s: no free wait slot, %s refused", self.path,
+                      msg.message_id)
+            await self._ack(writer, msg.message_id, "rejected", refused)
+            return
         try:
-            result = await self._receive(msg, conn)
+            result = await self.receiver.receive(msg, dispatch=self.lane.dispatch)
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
             await self._ack(writer, msg.message_id, "error", "journal_unavailable")
             return
+        finally:
+            if waits:
+                self.receiver.admission.release_wait()
         await self._ack(writer, result.message_id, result.state.value, result.reason)
 
-    async def _shape_b(self, obj: Mapping[str, Any], peer: Peer | None, conn: _Conn) -> None:
+    async def _shape_b(self, obj: Mapping[str, Any], peer: Peer | None) -> None:
         # Nothing is ever written back on this shape: Claude's sender reads EOF as success.
         try:
             frame = user_frame(obj)
@@ -370,13 +398,6 @@ class UdsIngress:
             self.control(obj, peer.pid if peer else None, peer.start_time if peer else None)
         except Exception:
             log.exception("uds ingress %s: control frame handler failed", self.path)
-
-    async def _receive(self, msg: Message, conn: _Conn) -> Result:
-        conn.receiving = True
-        try:
-            return await self.receiver.receive(msg, dispatch=self.lane.dispatch)
-        finally:
-            conn.receiving = False
 
     async def _ack(self, writer: asyncio.StreamWriter, message_id: str | None, state: str,
                    reason: str | None) -> None:
@@ -419,30 +440,10 @@ class UdsIngress:
             stored.encode(), token.encode())
 
     def _read_key(self, *, check_mode: bool) -> str | None:
-        """The key file's content, or ``None`` if it is missing or (``check_mode``) is not a
-        regular 0600 file owned by us — then it is refused, never trusted."""
-        try:
-            fd = os.open(self.key_path,
-                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            if check_mode and (stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE
-                               or st.st_uid != os.getuid()):
-                if not self._key_warned:
-                    self._key_warned = True
-                    log.warning("uds ingress %s: key file %s is not a 0600 file of ours; "
-                                "refusing every authentication", self.path, self.key_path)
-                return None
-            raw = os.read(fd, _KEY_READ_LIMIT)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        try:
-            return raw.decode("ascii").strip()
-        except UnicodeDecodeError:
-            return None
+        return read_key(self.key_path, check_mode=check_mode, on_unsafe=self._warn_key)
+
+    def _warn_key(self) -> None:
+        if not self._key_warned:
+            self._key_warned = True
+            log.warning("uds ingress %s: key file %s is not a 0600 file of ours; refusing "
+                        "every authentication", self.path, self.key_path)
