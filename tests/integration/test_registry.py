@@ -33,6 +33,7 @@ from crosstalk.store.registry import (
     Registration,
     Registry,
     RegistryError,
+    StatePathError,
     Unreadable,
     liveness,
     own_process_identity,
@@ -1108,3 +1109,43 @@ def test_acquire_waits_out_a_momentary_probe(registry: Registry) -> None:
             registry.acquire(agent_id, patience=0.05)
     finally:
         held.close()
+
+
+# -- something not ours at a lock path (issue 12, item 8) ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink"])
+def test_something_not_a_lock_file_at_a_name_lock_gives_the_next_candidate(
+    registry: Registry, registrations: list[Registration], tmp_path: Path, kind: str
+) -> None:
+    planted = registry.name_lock_path("wanted")
+    if kind == "directory":
+        planted.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        target = tmp_path / "elsewhere"
+        target.write_text("not a lock")
+        planted.symlink_to(target)
+    reg = registry.acquire(agent_id_for("claude", f"blocked-{kind}"))
+    registrations.append(reg)
+    choice = reg.take_name(["wanted", "fallback"])
+    assert (choice.name, choice.is_fallback) == ("fallback", True)
+    assert choice.preferred_blocked is not None
+    assert choice.preferred_blocked.path == planted
+    assert str(planted) in str(choice.preferred_blocked)
+    assert os.path.lexists(planted)  # not ours: left where it is
+
+
+def test_a_directory_at_an_agent_lock_is_a_clear_error(registry: Registry) -> None:
+    agent_id = agent_id_for("claude", "blocked-agent")
+    planted = registry.agent_lock_path(agent_id)
+    planted.mkdir()
+    with pytest.raises(StatePathError) as caught:
+        registry.acquire(agent_id)
+    assert isinstance(caught.value, OSError)  # every caller surviving a failed open survives it
+    assert str(caught.value) == (
+        f"{planted} is a directory where the lock file of agent {agent_id} belongs; "
+        f"CrossTalk cannot use it (and never makes one there). To clear it: rmdir {planted}")
+    planted.rmdir()
+    registry.acquire(agent_id).close()

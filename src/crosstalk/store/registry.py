@@ -16,6 +16,10 @@ Why it is shaped like this (seed §3, F8, C7):
   shim's exit path removes a descriptor only if its ``instance_id`` is the shim's own. A stale
   exit path can therefore never delete a newer registration's descriptor.
 - Lock files are never unlinked (see :class:`~crosstalk.store.files.FileLock`).
+- Something that is not a lock file at a lock path (a directory at ``names/bob.lock``) is
+  :class:`~crosstalk.store.files.StatePathError` naming the path and its fix. For an agent lock
+  that ends the registration (the session has one agent id); for a name lock it only takes
+  that name out of the running: the next candidate, as for a name held by a live agent.
 - Readers judge a descriptor stale when its pid is dead or that pid's start time differs
   (pid reuse); a descriptor from another pid namespace is ``foreign``, neither live nor dead
   (the descriptor itself, its schema and that verdict: :mod:`crosstalk.store.descriptor`).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import os
 import secrets
 import stat
@@ -46,15 +51,22 @@ from crosstalk.store.descriptor import (
     own_process_identity,
     read_descriptor,
 )
-from crosstalk.store.files import FileLock, is_locked, unlink_durable, write_atomic
+from crosstalk.store.files import (
+    FileLock,
+    StatePathError,
+    is_locked,
+    unlink_durable,
+    write_atomic,
+)
 
 #: The descriptor's names are the registry's public face too: callers import one module.
 __all__ = [
     "PROTOCOL", "AgentBusy", "Descriptor", "DescriptorError", "DescriptorLiveness", "Listed",
-    "NameChoice", "NoFreeName", "Registration", "Registry", "RegistryError", "Unreadable",
-    "liveness", "own_process_identity", "read_descriptor",
+    "NameChoice", "NoFreeName", "Registration", "Registry", "RegistryError", "StatePathError",
+    "Unreadable", "liveness", "own_process_identity", "read_descriptor",
 ]
 
+log = logging.getLogger(__name__)
 _TEMP_FILE_GRACE = 60.0
 
 
@@ -128,7 +140,8 @@ class Registry:
         path = self.agent_lock_path(agent_id)
         deadline = time.monotonic() + patience
         delay = 0.005
-        while (lock := FileLock.try_acquire(path)) is None:
+        role = f"the lock file of agent {agent_id}"
+        while (lock := FileLock.try_acquire(path, role=role)) is None:
             if time.monotonic() >= deadline:
                 raise AgentBusy(f"agent {agent_id} is registered by another live process")
             time.sleep(delay)
@@ -276,6 +289,8 @@ class NameChoice:
     preferred: str
     #: The live registration holding ``preferred`` when we had to fall back, if one is listed.
     preferred_holder: Descriptor | None
+    #: Why ``preferred`` could not be taken when something not ours sits at its lock path.
+    preferred_blocked: StatePathError | None = None
 
     @property
     def is_fallback(self) -> bool:
@@ -297,6 +312,8 @@ class Registration:
         self.name: str | None = None
         self.descriptor: Descriptor | None = None
         self.token: str | None = None
+        #: Lock paths found blocked, each logged once (a fallback retries its name every poll).
+        self._blocked_logged: set[Path] = set()
 
     @property
     def active(self) -> bool:
@@ -322,10 +339,18 @@ class Registration:
         ordered = list(dict.fromkeys(candidates))
         if not ordered:
             raise NoFreeName("no candidate names")
+        blocked: StatePathError | None = None
         for name in ordered:
             if name == self.name:
-                return NameChoice(name, ordered[0], None), None
-            lock = FileLock.try_acquire(self.registry.name_lock_path(name))
+                return NameChoice(name, ordered[0], None, blocked), None
+            try:
+                lock = FileLock.try_acquire(self.registry.name_lock_path(name),
+                                            role=f"the lock file of the name {name!r}")
+            except StatePathError as exc:
+                self._log_blocked(exc)
+                if name == ordered[0]:
+                    blocked = exc
+                continue
             if lock is None:
                 continue
             try:
@@ -335,8 +360,13 @@ class Registration:
                 raise
             old = self._name_lock
             self._name_lock, self.name = lock, name
-            return NameChoice(name, ordered[0], holder), old
+            return NameChoice(name, ordered[0], holder, blocked), old
         raise NoFreeName(f"every candidate name is held: {', '.join(ordered)}")
+
+    def _log_blocked(self, exc: StatePathError) -> None:
+        if exc.path not in self._blocked_logged:
+            self._blocked_logged.add(exc.path)
+            log.warning("agent %s: %s", self.agent_id, exc)
 
     def issue_credential(self) -> Path:
         """Write a fresh bearer token to a 0600 file; the descriptor only references it."""
