@@ -79,7 +79,8 @@ async def test_a_directory_at_the_name_lock_gives_the_fallback_name(
     assert planted.is_dir()  # not ours: left alone
 
 
-@pytest.mark.parametrize("where", ["agent lock", "journal", "journal lock"])
+@pytest.mark.parametrize("where", ["agent lock", "journal", "journal lock", "descriptor",
+                                   "credential"])
 async def test_a_directory_at_a_lock_or_journal_is_a_clear_error(
         fake_world: dict[str, str], tmp_path: Path, where: str) -> None:
     home = state(fake_world)
@@ -87,6 +88,8 @@ async def test_a_directory_at_a_lock_or_journal_is_a_clear_error(
         "agent lock": home / "agents" / f"{AGENT_ID}.lock",
         "journal": journal_path(home, AGENT_ID),
         "journal lock": journal_path(home, AGENT_ID).with_suffix(".jsonl.lock"),
+        "descriptor": home / "agents" / f"{AGENT_ID}.json",
+        "credential": home / "credentials" / f"{AGENT_ID}.token",
     }[where]
     planted.mkdir()
     log = tmp_path / "shim.log"

@@ -78,8 +78,12 @@ def open_regular(path: Path, flags: int, mode: int = PRIVATE_FILE_MODE, *, role:
     return fd
 
 
-def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
+def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE, *,
+                 role: str = "a file CrossTalk writes") -> None:
+    """Replace ``path`` with ``data`` so that readers see the old or the new file, never half.
+
+    A directory at ``path`` (rename cannot replace one) is :class:`StatePathError` naming
+    ``role``; any other file type there is simply replaced."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -96,9 +100,11 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     os.close(fd)
     try:
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, IsADirectoryError):
+            raise in_the_way(path, role) from None
         raise
     fsync_dir(path.parent)
 

@@ -373,7 +373,8 @@ class Registration:
         self._require_active()
         path = self.registry.credential_path(self.agent_id)
         self.token = secrets.token_hex(32)
-        write_atomic(path, self.token.encode() + b"\n", PRIVATE_FILE_MODE)
+        write_atomic(path, self.token.encode() + b"\n", PRIVATE_FILE_MODE,
+                     role=f"the bearer token of agent {self.agent_id}")
         return path
 
     def publish(self, descriptor: Descriptor) -> None:
@@ -383,7 +384,8 @@ class Registration:
             raise RegistryError("descriptor belongs to another agent")
         if self.name is None or descriptor.name != self.name:
             raise RegistryError("publish the name this registration holds the lock for")
-        write_atomic(self.registry.descriptor_path(self.agent_id), descriptor.to_json())
+        write_atomic(self.registry.descriptor_path(self.agent_id), descriptor.to_json(),
+                     role=f"the descriptor of agent {self.agent_id}")
         self.descriptor = descriptor
 
     def rename(self, candidates: Iterable[str]) -> NameChoice:
