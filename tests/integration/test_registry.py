@@ -22,7 +22,7 @@ from crosstalk import proc
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.naming import fallback_name, name_candidates
 from crosstalk.store import descriptor as descriptor_module
-from crosstalk.store import registry as registry_module
+from crosstalk.store import registration as registration_module
 from crosstalk.store.files import FileLock, write_atomic
 from crosstalk.store.registry import (
     AgentBusy,
@@ -706,12 +706,12 @@ def test_rename_holds_the_old_alias_until_the_descriptor_is_rewritten(
     seen: list[tuple[bool, bool]] = []
     real_write = write_atomic
 
-    def spy(path: Path, data: bytes, mode: int = 0o600) -> None:
+    def spy(path: Path, data: bytes, mode: int = 0o600, **kw: str) -> None:
         if path == registry.descriptor_path(reg.agent_id):
             seen.append((registry.name_is_held("before"), registry.name_is_held("after")))
-        real_write(path, data, mode)
+        real_write(path, data, mode, **kw)
 
-    monkeypatch.setattr(registry_module, "write_atomic", spy)
+    monkeypatch.setattr(registration_module, "write_atomic", spy)
     reg.rename(["after"])
     assert seen == [(True, True)]
     assert lock_is_free(registry.name_lock_path("before"))
@@ -1082,7 +1082,7 @@ def test_failed_rename_keeps_the_old_alias(
     def broken(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(registry_module, "write_atomic", broken)
+    monkeypatch.setattr(registration_module, "write_atomic", broken)
     with pytest.raises(OSError, match="No space"):
         reg.rename(["after"])
     monkeypatch.undo()
@@ -1149,3 +1149,58 @@ def test_a_directory_at_an_agent_lock_is_a_clear_error(registry: Registry) -> No
         f"CrossTalk cannot use it (and never makes one there). To clear it: rmdir {planted}")
     planted.rmdir()
     registry.acquire(agent_id).close()
+
+
+# -- the owner puts back a damaged descriptor (issue 12, item 9) --------------------------------
+
+
+def test_keep_published_puts_back_a_torn_removed_or_replaced_descriptor(
+    registry: Registry, registrations: list[Registration], tmp_path: Path
+) -> None:
+    reg = register_agent(registry, "keeper", "keeper", cwd=CWD, into=registrations)
+    path = registry.descriptor_path(reg.agent_id)
+    published = path.read_bytes()
+    assert reg.keep_published() is False  # intact: not even rewritten
+    assert path.read_bytes() == published
+
+    path.write_bytes(published[:40])
+    assert registry.scan()[0] == []  # invisible while torn
+    assert reg.keep_published() is True
+    assert path.read_bytes() == published
+    path.unlink()
+    assert reg.keep_published() is True
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(published)
+    path.unlink()
+    path.symlink_to(elsewhere)
+    assert reg.keep_published() is True
+    assert not path.is_symlink()
+    assert [d.agent_id for d in registry.live()] == [reg.agent_id]
+
+    # A later publish (a claim, a rename) is what must stay: the check compares with it.
+    assert reg.descriptor is not None
+    reg.publish(replace(reg.descriptor, role="subagent", owner="f" * 16))
+    assert reg.keep_published() is False
+    assert Descriptor.from_json(path.read_bytes()).role == "subagent"
+
+    reg.close()
+    assert reg.keep_published() is False  # closed: nothing to keep
+    assert not path.exists()
+
+
+def test_remove_unreadable_only_without_a_live_lock_holder(
+    registry: Registry, registrations: list[Registration]
+) -> None:
+    held = register_agent(registry, "held-bad", "held-bad", cwd=CWD, into=registrations)
+    registry.descriptor_path(held.agent_id).write_bytes(b"{")
+    dead_id = agent_id_for("claude", "dead-bad")
+    registry.descriptor_path(dead_id).write_bytes(b"{")
+    registry.credential_path(dead_id).write_bytes(b"token\n")
+    bad = {u.agent_id: u for u in registry.scan()[1]}
+    assert registry.agent_is_held(held.agent_id)
+    assert not registry.agent_is_held(dead_id)
+    assert registry.remove_unreadable(bad[held.agent_id]) is False
+    assert registry.remove_unreadable(bad[dead_id]) is True
+    assert not registry.descriptor_path(dead_id).exists()
+    assert not registry.credential_path(dead_id).exists()
+    assert registry.descriptor_path(held.agent_id).read_bytes() == b"{"
