@@ -1204,3 +1204,17 @@ def test_remove_unreadable_only_without_a_live_lock_holder(
     assert not registry.descriptor_path(dead_id).exists()
     assert not registry.credential_path(dead_id).exists()
     assert registry.descriptor_path(held.agent_id).read_bytes() == b"{"
+
+
+def test_sweep_skips_a_stale_agent_whose_lock_path_is_blocked(
+    registry: Registry, dead_process: tuple[int, str]
+) -> None:
+    dead_pid, dead_start = dead_process
+    blocked = make_descriptor("blocked-stale", "blocked-stale", pid=dead_pid,
+                              started_at=dead_start)
+    swept = make_descriptor("swept-stale", "swept-stale", pid=dead_pid, started_at=dead_start)
+    path = plant(registry, blocked)
+    plant(registry, swept)
+    registry.agent_lock_path(blocked.agent_id).mkdir()
+    assert registry.sweep_stale() == [swept.agent_id]
+    assert path.exists()  # unproven without its lock: left, and doctor names the directory

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from crosstalk.directory import Directory, Entry
 from crosstalk.harness.loader import by_name, discoveries
+from crosstalk.store.files import in_the_way
 from crosstalk.store.registry import Registry, Unreadable
 
 COLUMNS = ("name", "harness", "status", "crosstalk", "reachable", "agent_id", "cwd")
@@ -42,7 +43,9 @@ def damage(registry: Registry, bad: Unreadable) -> dict[str, Any]:
     """The ``damaged`` field of a descriptor that does not read, with what to do about it."""
     agent_id = bad.agent_id
     live = agent_id is not None and registry.agent_is_held(agent_id)
-    if agent_id is None:
+    if bad.path.is_dir():
+        fix = in_the_way(bad.path, "a descriptor").fix
+    elif agent_id is None:
         fix = f"rm {bad.path} (its file name is not an agent id: CrossTalk did not write it)"
     elif live:
         fix = ("its shim rewrites it within seconds; if it stays damaged, restart that "

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from crosstalk.config import ensure_private_dir, fsync_dir
+from crosstalk.config import ensure_private_dir
 from crosstalk.core.ids import is_agent_id
 from crosstalk.core.naming import is_valid_name
 from crosstalk.store.descriptor import (
@@ -164,9 +164,12 @@ class Registry:
         does not read: a live owner (which rewrites its own descriptor) keeps the lock, so
         this never removes a descriptor anyone could still publish over."""
         agent_id = bad.agent_id
-        if agent_id is None:
+        if agent_id is None or bad.path.is_dir():  # a directory may be someone's
             return False
-        lock = FileLock.try_acquire(self.agent_lock_path(agent_id))
+        try:
+            lock = FileLock.try_acquire(self.agent_lock_path(agent_id))
+        except StatePathError:
+            return False  # no lock file to take: nothing is proven
         if lock is None:
             return False
         try:
@@ -176,11 +179,7 @@ class Registry:
                 current = None
             if current is not None and current.agent_id == agent_id:
                 return False  # rewritten meanwhile: no longer damaged
-            if not bad.path.is_file() or bad.path.is_symlink():
-                bad.path.unlink()  # a FIFO or symlink; a directory raises and is reported
-                fsync_dir(bad.path.parent)
-            else:
-                unlink_durable(bad.path)
+            unlink_durable(bad.path)
             unlink_durable(self.credential_path(agent_id))
             return True
         finally:
@@ -284,7 +283,10 @@ class Registry:
         for item in listed:
             if item.liveness is not DescriptorLiveness.STALE:
                 continue
-            lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
+            try:
+                lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
+            except StatePathError:
+                continue  # something in the way of its lock: doctor reports it
             if lock is None:
                 continue  # a live registration owns it (or is about to publish)
             try:
