@@ -17,11 +17,14 @@ from crosstalk.core.ids import agent_id_for
 from crosstalk.harness.codex import control_socket
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Registry
-from tests.support.agents import plant_dead_agent
+from tests.support.agents import plant_dead_agent, register_agent
 from tests.support.claude import FakeClaude
 from tests.support.fakes.codex_app_server import fake_app_server
+from tests.support.shims import data, inbox, meta, shim, world
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
+__all__ = ["world"]  # a fixture
 
 
 @pytest.fixture
@@ -100,3 +103,66 @@ async def test_agents_on_an_empty_machine(env: dict[str, str]) -> None:
     assert out.startswith("no sessions found")
     code, out, _ = await agents(env, "--json")
     assert json.loads(out) == []
+
+
+# -- damaged descriptors (issue 12, item 9) -----------------------------------------------------
+
+
+async def test_agents_shows_an_unreadable_descriptor_as_damaged_with_its_fix(
+        env: dict[str, str]) -> None:
+    home = Path(env["CROSSTALK_HOME"])
+    reg = Registry(home)
+    healthy = register_agent(reg, "healthy", "healthy", harness="fake", cwd="/w/h",
+                             a2a_url="http://127.0.0.1:9")
+    held = register_agent(reg, "held", "held", harness="fake")
+    try:
+        held_path = reg.descriptor_path(held.agent_id)
+        held_path.write_bytes(b'{"agent_id": "')  # torn while its owner runs
+        dead_id = agent_id_for("fake", "dead")
+        dead_path = reg.descriptor_path(dead_id)
+        dead_path.write_bytes(b"[1, 2")
+        code, out, err = await agents(env, "--json")
+        assert code == 0, err
+        listed = {r["agent_id"]: r for r in json.loads(out)}
+        assert set(listed) == {healthy.agent_id, held.agent_id, dead_id}
+        assert listed[healthy.agent_id] == {  # rows that are not damaged are as they were
+            "name": "healthy", "agent_id": healthy.agent_id, "harness": "fake",
+            "cwd": "/w/h", "status": "unknown", "crosstalk": True, "reachable": True,
+            "role": "primary", "owner": None}
+        live = listed[held.agent_id]
+        assert (live["name"], live["crosstalk"], live["reachable"]) == (None, True, False)
+        assert live["damaged"]["path"] == str(held_path)
+        assert live["damaged"]["live"] is True
+        assert "rewrites it" in live["damaged"]["fix"]
+        assert "descriptor" in live["unreachable_because"]
+        dead = listed[dead_id]
+        assert dead["damaged"]["live"] is False
+        assert dead["damaged"]["fix"] == "crosstalk doctor --fix"
+
+        code, out, _ = await agents(env)
+        assert code == 0
+        assert any(line.startswith(f"  {held.agent_id}: damaged descriptor {held_path}")
+                   for line in out.splitlines()), out
+    finally:
+        held.close()
+        healthy.close()
+
+
+async def test_a_live_shim_rewrites_its_damaged_or_missing_descriptor(
+        world: dict[str, str]) -> None:
+    reg = Registry(Path(world["CROSSTALK_HOME"]))
+    async with shim(world) as b, shim(world) as a:
+        await b.call_tool("receive_message", {}, meta=meta("b1", "bob"))
+        bob = agent_id_for("fake", "b1")
+        path = reg.descriptor_path(bob)
+        published = path.read_bytes()
+        path.write_bytes(published[: len(published) // 2])  # torn
+        assert reg.find("bob") == []  # unreachable while torn
+        await eventually(lambda: path.read_bytes() == published, what="descriptor rewritten")
+        path.unlink()
+        await eventually(lambda: path.exists() and path.read_bytes() == published,
+                         what="descriptor republished")
+        sent = data(await a.call_tool("send_message", {"to": "bob", "text": "found you"},
+                                      meta=meta("a1", "alice")))
+        assert sent["state"] == "accepted", sent
+        assert [m["text"] for m in inbox(world, "b1")] == ["found you"]

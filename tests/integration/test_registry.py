@@ -22,7 +22,7 @@ from crosstalk import proc
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.naming import fallback_name, name_candidates
 from crosstalk.store import descriptor as descriptor_module
-from crosstalk.store import registry as registry_module
+from crosstalk.store import registration as registration_module
 from crosstalk.store.files import FileLock, write_atomic
 from crosstalk.store.registry import (
     AgentBusy,
@@ -33,6 +33,7 @@ from crosstalk.store.registry import (
     Registration,
     Registry,
     RegistryError,
+    StatePathError,
     Unreadable,
     liveness,
     own_process_identity,
@@ -705,12 +706,12 @@ def test_rename_holds_the_old_alias_until_the_descriptor_is_rewritten(
     seen: list[tuple[bool, bool]] = []
     real_write = write_atomic
 
-    def spy(path: Path, data: bytes, mode: int = 0o600) -> None:
+    def spy(path: Path, data: bytes, mode: int = 0o600, **kw: str) -> None:
         if path == registry.descriptor_path(reg.agent_id):
             seen.append((registry.name_is_held("before"), registry.name_is_held("after")))
-        real_write(path, data, mode)
+        real_write(path, data, mode, **kw)
 
-    monkeypatch.setattr(registry_module, "write_atomic", spy)
+    monkeypatch.setattr(registration_module, "write_atomic", spy)
     reg.rename(["after"])
     assert seen == [(True, True)]
     assert lock_is_free(registry.name_lock_path("before"))
@@ -1081,7 +1082,7 @@ def test_failed_rename_keeps_the_old_alias(
     def broken(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(registry_module, "write_atomic", broken)
+    monkeypatch.setattr(registration_module, "write_atomic", broken)
     with pytest.raises(OSError, match="No space"):
         reg.rename(["after"])
     monkeypatch.undo()
@@ -1108,3 +1109,112 @@ def test_acquire_waits_out_a_momentary_probe(registry: Registry) -> None:
             registry.acquire(agent_id, patience=0.05)
     finally:
         held.close()
+
+
+# -- something not ours at a lock path (issue 12, item 8) ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink"])
+def test_something_not_a_lock_file_at_a_name_lock_gives_the_next_candidate(
+    registry: Registry, registrations: list[Registration], tmp_path: Path, kind: str
+) -> None:
+    planted = registry.name_lock_path("wanted")
+    if kind == "directory":
+        planted.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        target = tmp_path / "elsewhere"
+        target.write_text("not a lock")
+        planted.symlink_to(target)
+    reg = registry.acquire(agent_id_for("claude", f"blocked-{kind}"))
+    registrations.append(reg)
+    choice = reg.take_name(["wanted", "fallback"])
+    assert (choice.name, choice.is_fallback) == ("fallback", True)
+    assert choice.preferred_blocked is not None
+    assert choice.preferred_blocked.path == planted
+    assert str(planted) in str(choice.preferred_blocked)
+    assert os.path.lexists(planted)  # not ours: left where it is
+
+
+def test_a_directory_at_an_agent_lock_is_a_clear_error(registry: Registry) -> None:
+    agent_id = agent_id_for("claude", "blocked-agent")
+    planted = registry.agent_lock_path(agent_id)
+    planted.mkdir()
+    with pytest.raises(StatePathError) as caught:
+        registry.acquire(agent_id)
+    assert isinstance(caught.value, OSError)  # every caller surviving a failed open survives it
+    assert str(caught.value) == (
+        f"{planted} is a directory where the lock file of agent {agent_id} belongs; "
+        f"CrossTalk cannot use it (and never makes one there). To clear it: rmdir {planted}")
+    planted.rmdir()
+    registry.acquire(agent_id).close()
+
+
+# -- the owner puts back a damaged descriptor (issue 12, item 9) --------------------------------
+
+
+def test_keep_published_puts_back_a_torn_removed_or_replaced_descriptor(
+    registry: Registry, registrations: list[Registration], tmp_path: Path
+) -> None:
+    reg = register_agent(registry, "keeper", "keeper", cwd=CWD, into=registrations)
+    path = registry.descriptor_path(reg.agent_id)
+    published = path.read_bytes()
+    assert reg.keep_published() is False  # intact: not even rewritten
+    assert path.read_bytes() == published
+
+    path.write_bytes(published[:40])
+    assert registry.scan()[0] == []  # invisible while torn
+    assert reg.keep_published() is True
+    assert path.read_bytes() == published
+    path.unlink()
+    assert reg.keep_published() is True
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(published)
+    path.unlink()
+    path.symlink_to(elsewhere)
+    assert reg.keep_published() is True
+    assert not path.is_symlink()
+    assert [d.agent_id for d in registry.live()] == [reg.agent_id]
+
+    # A later publish (a claim, a rename) is what must stay: the check compares with it.
+    assert reg.descriptor is not None
+    reg.publish(replace(reg.descriptor, role="subagent", owner="f" * 16))
+    assert reg.keep_published() is False
+    assert Descriptor.from_json(path.read_bytes()).role == "subagent"
+
+    reg.close()
+    assert reg.keep_published() is False  # closed: nothing to keep
+    assert not path.exists()
+
+
+def test_remove_unreadable_only_without_a_live_lock_holder(
+    registry: Registry, registrations: list[Registration]
+) -> None:
+    held = register_agent(registry, "held-bad", "held-bad", cwd=CWD, into=registrations)
+    registry.descriptor_path(held.agent_id).write_bytes(b"{")
+    dead_id = agent_id_for("claude", "dead-bad")
+    registry.descriptor_path(dead_id).write_bytes(b"{")
+    registry.credential_path(dead_id).write_bytes(b"token\n")
+    bad = {u.agent_id: u for u in registry.scan()[1]}
+    assert registry.agent_is_held(held.agent_id)
+    assert not registry.agent_is_held(dead_id)
+    assert registry.remove_unreadable(bad[held.agent_id]) is False
+    assert registry.remove_unreadable(bad[dead_id]) is True
+    assert not registry.descriptor_path(dead_id).exists()
+    assert not registry.credential_path(dead_id).exists()
+    assert registry.descriptor_path(held.agent_id).read_bytes() == b"{"
+
+
+def test_sweep_skips_a_stale_agent_whose_lock_path_is_blocked(
+    registry: Registry, dead_process: tuple[int, str]
+) -> None:
+    dead_pid, dead_start = dead_process
+    blocked = make_descriptor("blocked-stale", "blocked-stale", pid=dead_pid,
+                              started_at=dead_start)
+    swept = make_descriptor("swept-stale", "swept-stale", pid=dead_pid, started_at=dead_start)
+    path = plant(registry, blocked)
+    plant(registry, swept)
+    registry.agent_lock_path(blocked.agent_id).mkdir()
+    assert registry.sweep_stale() == [swept.agent_id]
+    assert path.exists()  # unproven without its lock: left, and doctor names the directory

@@ -7,8 +7,8 @@ find the agent, so nobody can send to a half-built one; :meth:`Agent.stop` undoe
 reverse and removes only what this instance wrote.
 
 Everything the agent runs in the background — its dispatch lane (one, ordered, for both
-ingresses), the ask clock, start-up recovery — is a task of its one
-:class:`~crosstalk.agent.taskgroup.TaskGroup`; stop ends with that group closing.
+ingresses), the ask clock, start-up recovery, the watch on its own descriptor — is a task of
+its one :class:`~crosstalk.agent.taskgroup.TaskGroup`; stop ends with that group closing.
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ from crosstalk.store.registry import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How often a live agent checks that its descriptor is still the one it published: a torn or
+#: removed descriptor makes it invisible and unreachable, and only its owner may rewrite it.
+DESCRIPTOR_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,7 @@ class Agent:
             )
             reg.publish(self.descriptor)
             self._recovery = self.group.spawn(self._recover(), what="recovery")
+            self.group.spawn(self._keep_descriptor(), what="descriptor watch")
         except BaseException:
             await self.stop()
             raise
@@ -242,6 +247,23 @@ class Agent:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
+
+    async def _keep_descriptor(self) -> None:
+        """Put back our descriptor whenever it was torn, removed or replaced (in the loop's
+        thread, so it never interleaves with a claim's or a rename's publish)."""
+        failed = None
+        while (reg := self.registration) is not None and reg.active:
+            try:
+                if reg.keep_published():
+                    log.warning("agent %s: its descriptor was damaged or missing; rewritten",
+                                self.agent_id)
+                failed = None
+            except (OSError, RegistryError) as exc:
+                if str(exc) != failed:
+                    failed = str(exc)
+                    log.warning("agent %s: cannot rewrite its damaged descriptor: %s",
+                                self.agent_id, exc)
+            await asyncio.sleep(DESCRIPTOR_CHECK_SECONDS)
 
     def journal_records(self) -> list[dict[str, Any]]:
         if self.journal is None:

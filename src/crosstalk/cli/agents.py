@@ -2,6 +2,11 @@
 
 The same directory the tools use (descriptors merged with every harness's own sessions), plus,
 for each session that cannot be reached, why not (as its harness explains it).
+
+A descriptor that does not read is not silently dropped: its agent may be running, invisible
+and unreachable. It is shown with a ``damaged`` field — its path, why it does not read, whether
+a live process holds its agent lock, and the fix — on the session's row if a harness lists
+that session, else on a row of its own. Rows without damage are exactly as before.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import IO, Any
 
 from crosstalk.directory import Directory, Entry
 from crosstalk.harness.loader import by_name, discoveries
-from crosstalk.store.registry import Registry
+from crosstalk.store.files import in_the_way
+from crosstalk.store.registry import Registry, Unreadable
 
 COLUMNS = ("name", "harness", "status", "crosstalk", "reachable", "agent_id", "cwd")
 
@@ -33,8 +39,35 @@ def why_unreachable(entry: Entry) -> str | None:
     return reason or "unknown"
 
 
+def damage(registry: Registry, bad: Unreadable) -> dict[str, Any]:
+    """The ``damaged`` field of a descriptor that does not read, with what to do about it."""
+    agent_id = bad.agent_id
+    live = agent_id is not None and registry.agent_is_held(agent_id)
+    if bad.path.is_dir():
+        fix = in_the_way(bad.path, "a descriptor").fix
+    elif agent_id is None:
+        fix = f"rm {bad.path} (its file name is not an agent id: CrossTalk did not write it)"
+    elif live:
+        fix = ("its shim rewrites it within seconds; if it stays damaged, restart that "
+               "session's crosstalk mcp")
+    else:
+        fix = "crosstalk doctor --fix"
+    return {"path": str(bad.path), "reason": bad.reason, "live": live, "fix": fix}
+
+
+def damaged_row(agent_id: str | None, damaged: Mapping[str, Any]) -> dict[str, Any]:
+    """A row for a damaged descriptor no harness lists: nothing in it can be trusted but the
+    agent id its file name gives, and nobody can reach it."""
+    state = "running" if damaged["live"] else "not running"
+    return {"name": None, "agent_id": agent_id, "harness": None, "cwd": None,
+            "status": "unknown", "crosstalk": True, "reachable": False, "role": None,
+            "owner": None, "damaged": dict(damaged),
+            "unreachable_because": f"its descriptor does not read (its agent is {state})"}
+
+
 def rows(home: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    directory = Directory(Registry.reader(home), discoveries(env))
+    registry = Registry.reader(home)
+    directory = Directory(registry, discoveries(env))
     out = []
     for entry in directory.snapshot():
         row = entry.row()
@@ -42,6 +75,15 @@ def rows(home: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
         if why is not None:
             row["unreachable_because"] = why
         out.append(row)
+    by_id = {row["agent_id"]: row for row in out}
+    unreadable = registry.scan()[1] if registry.agents_dir.is_dir() else []
+    for bad in unreadable:
+        damaged = damage(registry, bad)
+        listed = by_id.get(bad.agent_id)
+        if listed is not None:
+            listed["damaged"] = damaged
+        else:
+            out.append(damaged_row(bad.agent_id, damaged))
     return out
 
 
@@ -61,8 +103,13 @@ def table(listed: Sequence[Mapping[str, Any]]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip()
               for b in body]
     for r in listed:
+        label = r["name"] or r["agent_id"] or "?"
+        if r.get("damaged"):
+            d = r["damaged"]
+            lines.append(f"  {label}: damaged descriptor {d['path']}: {d['reason']}; "
+                         f"fix: {d['fix']}")
         if r.get("unreachable_because"):
-            lines.append(f"  {r['name']}: unreachable: {r['unreachable_because']}")
+            lines.append(f"  {label}: unreachable: {r['unreachable_because']}")
     return "\n".join(lines)
 
 

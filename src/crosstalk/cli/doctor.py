@@ -1,7 +1,10 @@
 """``crosstalk doctor``: what is installed where, what runs, and what is wrong — each problem
 with the command that fixes it. Each harness reports on itself through its plugin; then
-CrossTalk's own state. ``--fix`` applies the fixes that are CrossTalk's own (stale
-descriptors, loose permissions); harness settings are only ever reported.
+CrossTalk's own state: modes, things in the way, descriptors, name locks, journals and uds
+keys (:mod:`crosstalk.cli.state_checks`). ``--fix`` applies the fixes that are CrossTalk's own
+and lose nothing (stale and damaged descriptors of agents that no longer run, loose
+permissions, damaged journal lines moved aside, empty directories in the way); harness
+settings are only ever reported.
 """
 
 from __future__ import annotations
@@ -13,33 +16,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from crosstalk.cli import state_checks
 from crosstalk.harness.loader import plugins
 from crosstalk.harness.plugin import Finding
-from crosstalk.store.registry import DescriptorLiveness, Registry
+from crosstalk.store.registry import DescriptorLiveness, Listed, Registry, Unreadable
 
 __all__ = ["Finding", "diagnose", "run_doctor"]
 
 
 def _state(home: Path, fix: bool) -> list[Finding]:
-    found = []
-    loose = []
-    for path in [home, home / "agents", home / "journal", home / "credentials"]:
-        if path.exists() and stat.S_IMODE(path.stat().st_mode) & 0o077:
-            loose.append(path)
-    for path in list((home / "credentials").glob("*.token")):
-        if stat.S_IMODE(path.stat().st_mode) & 0o077:
-            loose.append(path)
-    if loose and fix:
-        for path in loose:
-            path.chmod(0o700 if path.is_dir() else 0o600)
-        found.append(Finding(True, f"permissions tightened on {len(loose)} paths"))
-    elif loose:
-        found.append(Finding(False, "state readable by others: " + ", ".join(map(str, loose)),
-                             "crosstalk doctor --fix"))
-    else:
-        found.append(Finding(True, f"state directory {home} is private"))
+    found = state_checks.permissions(home, fix)
+    found += state_checks.obstacles(home, fix)
     registry = Registry(home) if fix else Registry.reader(home)
     listed, unreadable = registry.scan()
+    found += _descriptors(registry, listed, unreadable, fix)
+    found += state_checks.names(registry, listed)
+    found += state_checks.journals(home, listed, fix)
+    found += state_checks.keys(home, listed, fix)
+    live = [i.descriptor for i in listed if i.liveness is DescriptorLiveness.LIVE]
+    found.append(Finding(True, f"{len(live)} live CrossTalk agents"))
+    return found
+
+
+def _descriptors(registry: Registry, listed: list[Listed], unreadable: list[Unreadable],
+                 fix: bool) -> list[Finding]:
+    found = []
     stale = [i.descriptor for i in listed if i.liveness is DescriptorLiveness.STALE]
     if stale and fix:
         removed = registry.sweep_stale()
@@ -49,11 +50,30 @@ def _state(home: Path, fix: bool) -> list[Finding]:
         found.append(Finding(False, f"stale descriptors of agents whose shim is gone: {names}",
                              "crosstalk doctor --fix"))
     for bad in unreadable:
-        found.append(Finding(False, f"unreadable descriptor {bad.path}: {bad.reason}",
-                             f"rm {bad.path}"))
-    live = [i.descriptor for i in listed if i.liveness is DescriptorLiveness.LIVE]
-    found.append(Finding(True, f"{len(live)} live CrossTalk agents"))
+        found += _unreadable(registry, bad, fix)
     return found
+
+
+def _unreadable(registry: Registry, bad: Unreadable, fix: bool) -> list[Finding]:
+    """A descriptor that does not read: its agent may run (invisible, unreachable) or not."""
+    try:
+        if not stat.S_ISREG(bad.path.lstat().st_mode):
+            return []  # a directory or the like: state_checks.obstacles reports it
+    except OSError:
+        return []  # gone meanwhile
+    what = f"unreadable descriptor {bad.path}: {bad.reason}"
+    if bad.agent_id is None:
+        return [Finding(False, f"{what} (its file name is not an agent id: CrossTalk did not "
+                        "write it)", f"rm {bad.path}")]
+    if registry.agent_is_held(bad.agent_id):
+        return [Finding(False, f"{what}; its agent is live (a process holds its agent lock), "
+                        "invisible and unreachable until its shim rewrites it",
+                        "wait a few seconds (a shim rewrites its own descriptor); if it stays, "
+                        "restart that session's crosstalk mcp")]
+    if fix and registry.remove_unreadable(bad):
+        return [Finding(True, f"removed {what} (no process holds its agent lock)")]
+    return [Finding(False, f"{what}; no process holds its agent lock, so its agent is not "
+                    "running", "crosstalk doctor --fix")]
 
 
 def diagnose(home: Path, env: Mapping[str, str], *, fix: bool = False) -> list[Finding]:

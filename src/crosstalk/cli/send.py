@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -203,10 +204,41 @@ def _read_line(sock: socket.socket, deadline: float, uds_path: Path) -> bytes:
     return buf.split(b"\n", 1)[0]
 
 
+def auth_failed_hint(key_path: Path) -> str:
+    """Why an agent refused the key we read from ``key_path``. Its ingress takes a key only
+    from a regular 0600 file of its own user (:mod:`crosstalk.ingress.uds`), so a loosened
+    mode fails every send; else the agent most likely restarted with a new key meanwhile."""
+    again = "the agent may have restarted with a new key meanwhile: send again"
+    try:
+        st = key_path.lstat()
+    except OSError:
+        return again
+    if not stat.S_ISREG(st.st_mode):
+        return (f"key file {key_path} is not a regular file, so the agent refuses every key: "
+                "restart that session's crosstalk mcp (crosstalk doctor shows it)")
+    if st.st_uid != os.getuid():
+        return (f"key file {key_path} is owned by uid {st.st_uid}, not by you, so the agent "
+                "refuses every key: restart that session's crosstalk mcp")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode != 0o600:
+        return (f"key file {key_path} is mode {mode:04o}; the agent takes a key only from a "
+                "0600 file, so it refuses every send: run crosstalk doctor --fix (or chmod 600 "
+                f"{key_path})")
+    return again
+
+
 @dataclass(frozen=True)
 class Sent:
     message_id: str
     ack: dict[str, Any]
+    #: The key file the token came from (for the hint when the agent refuses it).
+    key_path: Path | None = None
+
+    @property
+    def hint(self) -> str | None:
+        if self.ack.get("reason") == "auth_failed" and self.key_path is not None:
+            return auth_failed_hint(self.key_path)
+        return None
 
     @property
     def state(self) -> str:
@@ -227,10 +259,11 @@ def send(home: Path, to: str, text: str, *, timeout: float = DELIVERY_TIMEOUT,
         raise SendFailure(EXIT_TRANSPORT, f"agent {target.name} ({target.agent_id}) publishes "
                           "no uds ingress")
     uds_path = Path(target.uds_path)
-    token = read_key(uds_key_path(uds_path))
+    key_path = uds_key_path(uds_path)
+    token = read_key(key_path)
     message_id = message_id or new_message_id()
     ack = exchange(uds_path, frames(token, text, message_id), timeout=timeout)
-    return Sent(message_id, ack)
+    return Sent(message_id, ack, key_path)
 
 
 def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
@@ -251,6 +284,8 @@ def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
     else:
         mid = sent.ack.get("message_id") or sent.message_id
         print(f"{mid} {sent.state} {sent.ack.get('reason') or '-'}", file=out)
+    if sent.hint:
+        print(f"crosstalk send: {sent.hint}", file=err)
     return sent.exit_code
 
 
@@ -291,6 +326,8 @@ def run_broadcast(home: Path, targets: list[str], text: str, *, confirm_count: i
         else:
             mid = sent.ack.get("message_id") or sent.message_id
             print(f"{desc.name} {mid} {sent.state} {sent.ack.get('reason') or '-'}", file=out)
+        if sent.hint:
+            print(f"crosstalk send: {desc.name}: {sent.hint}", file=err)
     if all(c == EXIT_OK for c in codes):
         return EXIT_OK
     if any(c == EXIT_OK for c in codes):

@@ -110,8 +110,10 @@ class Shim:
         if choice.is_fallback:
             holder = choice.preferred_holder
             live = " by a live session" if holder is not None else ""
+            held = (f"cannot be used ({choice.preferred_blocked})"
+                    if choice.preferred_blocked is not None else f"is held{live}")
             self._notices[key] = (
-                f"The name '{choice.preferred}' is held{live}; this session is registered as "
+                f"The name '{choice.preferred}' {held}; this session is registered as "
                 f"'{choice.name}'. It will take '{choice.preferred}' once that name is free.")
         return agent
 

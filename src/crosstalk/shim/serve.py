@@ -25,7 +25,7 @@ from crosstalk.harness.plugin import ShimContext
 from crosstalk.shim.roster import Shim
 from crosstalk.shim.stdio import RequestLines, claimed_stdin
 from crosstalk.shim.tools import Tools, build_server
-from crosstalk.store.registry import Registry
+from crosstalk.store.registry import Registry, RegistryError, StatePathError
 
 log = logging.getLogger(__name__)
 PARENT_POLL_SECONDS = 0.5
@@ -62,10 +62,17 @@ class _RecordedEndpoints:
 
 async def _watch_parent(ppid: int, shim: Shim) -> None:
     """Poll the parent (gone: return, the shim exits) and keep eager sessions in step."""
+    reported = None
     while os.getppid() == ppid:
         try:
             await shim.sync()
-        except Exception:  # e.g. the agent lock still held by an exiting predecessor
+        except (RegistryError, StatePathError) as exc:
+            # e.g. the agent lock still held by an exiting predecessor, or a directory where
+            # a lock belongs: the message says why and what to do; once per reason, not per poll.
+            if str(exc) != reported:
+                reported = str(exc)
+                log.warning("registering this session failed; retrying: %s", exc)
+        except Exception:
             log.warning("registering this session failed; retrying", exc_info=True)
         await asyncio.sleep(PARENT_POLL_SECONDS)
     log.info("parent %d is gone; exiting", ppid)

@@ -28,6 +28,7 @@ from crosstalk.harness.base import Identity
 from crosstalk.harness.loader import by_name
 from crosstalk.receiver import ReceiverUnavailable
 from crosstalk.shim.roster import Shim
+from crosstalk.store.registry import RegistryError, StatePathError
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,11 @@ class Tools:
                 raise ToolError("unbound", "this call carries no evidence of which session "
                                 "made it; only list_agents is available")
             harness, identity = found
-            agent = await self.shim.agent_for(harness, identity)
+            try:
+                agent = await self.shim.agent_for(harness, identity)
+            except (RegistryError, StatePathError) as exc:  # each names its cause and fix
+                raise ToolError("registration_failed", "this session could not be registered "
+                                f"as a CrossTalk agent: {exc}") from None
             payload = await self._handlers[name](agent, identity, args)
             notice = self.shim.take_notice(identity)
             if notice:

@@ -1,22 +1,89 @@
-"""Small durable-file primitives shared by the registry and credentials.
+"""Small durable-file primitives shared by the registry, credentials and the journal.
 
 Maildir's rule: write a temp file, fsync it, rename it into place, fsync the directory. At the
 rename the file is complete; before it, nobody looks at it.
+
+Something that is not a regular file where one of ours belongs (a directory someone made at
+``names/<name>.lock``, a FIFO at a journal path) is :class:`StatePathError`: a message naming
+the path and the command that clears it, never a bare ``IsADirectoryError`` from deep inside a
+start-up. It is an ``OSError``, so every caller that already survives a failed open survives it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
+import shlex
+import stat
 from pathlib import Path
 
 from crosstalk.config import PRIVATE_FILE_MODE, fsync_dir
 
 
-def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
+class StatePathError(OSError):
+    """A path where CrossTalk keeps one of its files holds something else (see module doc)."""
+
+    def __init__(self, path: Path, kind: str, role: str, fix: str) -> None:
+        super().__init__(f"{path} is {kind} where {role} belongs; CrossTalk cannot use it "
+                         f"(and never makes one there). To clear it: {fix}")
+        self.path, self.kind, self.role, self.fix = path, kind, role, fix
+
+
+def in_the_way(path: Path, role: str, st: os.stat_result | None = None) -> StatePathError:
+    """The error for ``path`` holding something other than ``role``, with the fix: ``rmdir``
+    for an empty directory (nothing is lost), else moving it aside (it may be someone's)."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+    mode = st.st_mode if st is not None else 0
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a regular file")
+    quoted = shlex.quote(str(path))
+    fix = f"mv {quoted} {shlex.quote(str(path) + '.moved')}"
+    if stat.S_ISDIR(mode):
+        with contextlib.suppress(OSError):
+            if not any(os.scandir(path)):
+                fix = f"rmdir {quoted}"
+    return StatePathError(path, kind, role, fix)
+
+
+def open_regular(path: Path, flags: int, mode: int = PRIVATE_FILE_MODE, *, role: str,
+                 follow: bool = True) -> int:
+    """``os.open`` for one of our files: a directory, FIFO, socket (or, unless ``follow``, a
+    symlink) at ``path`` is :class:`StatePathError` naming ``role``, not an opaque errno.
+    ``O_NONBLOCK`` keeps a FIFO from hanging the open; the file returned is blocking again."""
+    extra = os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except IsADirectoryError:
+        raise in_the_way(path, role) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise in_the_way(path, role) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise in_the_way(path, role, st)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE, *,
+                 role: str = "a file CrossTalk writes") -> None:
+    """Replace ``path`` with ``data`` so that readers see the old or the new file, never half.
+
+    A directory at ``path`` (rename cannot replace one) is :class:`StatePathError` naming
+    ``role``; any other file type there is simply replaced."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -33,9 +100,11 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     os.close(fd)
     try:
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, IsADirectoryError):
+            raise in_the_way(path, role) from None
         raise
     fsync_dir(path.parent)
 
@@ -64,8 +133,11 @@ class FileLock:
         self._fd = fd
 
     @classmethod
-    def try_acquire(cls, path: Path) -> FileLock | None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    def try_acquire(cls, path: Path, *, role: str = "a lock file") -> FileLock | None:
+        """The lock, or ``None`` if another holder has it; :class:`StatePathError` (naming
+        ``role``) if something that is not a lock file is at ``path`` (a symlink is not one
+        we made)."""
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, role=role, follow=False)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -87,8 +159,10 @@ class FileLock:
 
 
 def is_locked(path: Path) -> bool:
-    """True if some process holds ``path``'s flock (probing briefly takes it if free)."""
-    if not path.exists():
+    """True if some process holds ``path``'s flock (probing briefly takes it if free).
+
+    :class:`StatePathError` if ``path`` is not a lock file: nobody can hold that."""
+    if not path.exists() and not path.is_symlink():
         return False
     lock = FileLock.try_acquire(path)
     if lock is None:

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
 from crosstalk.core.replay import Violation, audit
+from crosstalk.store.files import open_regular
 from crosstalk.store.journal_format import (
     decode_scanned,
     encode_line,
@@ -123,19 +124,22 @@ class Journal:
         self._clock = clock
         self._max_line = max_line
         self._mutex = threading.RLock()
-        self._lock_fd = os.open(
-            self.path.with_name(self.path.name + ".lock"),
-            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-            PRIVATE_FILE_MODE,
-        )
+        # A directory or FIFO at either path is StatePathError (naming it and its fix), not a
+        # bare IsADirectoryError from the middle of an agent's start.
+        self._lock_fd = open_regular(self.path.with_name(self.path.name + ".lock"),
+                                     os.O_RDWR | os.O_CREAT, role="a journal's lock file")
         self._fd = -1
         self._ino = -1
         self._offset = 0  # end of the last complete line we have accounted for
         self._last_seq = 0
         self._truncate_to: int | None = None  # set when a rollback truncate failed
         self._wedged_data = b""  # the bytes that failed append tried to write
-        with self._locked():
-            self._open_locked()
+        try:
+            with self._locked():
+                self._open_locked()
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -176,7 +180,7 @@ class Journal:
         try:
             fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
         except FileExistsError:
-            fd = os.open(self.path, flags)
+            fd = open_regular(self.path, flags, role="a journal")
         else:
             fsync_dir(self.path.parent)  # the new name must survive a crash too
         self._fd = fd

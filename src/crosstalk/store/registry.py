@@ -14,8 +14,15 @@ Why it is shaped like this (seed §3, F8, C7):
   by the kernel, not by a pid check that can race.
 - Descriptors are published, replaced and removed only by a holder of their agent lock, and a
   shim's exit path removes a descriptor only if its ``instance_id`` is the shim's own. A stale
-  exit path can therefore never delete a newer registration's descriptor.
+  exit path can therefore never delete a newer registration's descriptor. The holder is
+  :class:`~crosstalk.store.registration.Registration`, which also puts back a descriptor that
+  was damaged under it; a damaged descriptor nobody holds the lock of is removed like a stale
+  one (:meth:`Registry.remove_unreadable`).
 - Lock files are never unlinked (see :class:`~crosstalk.store.files.FileLock`).
+- Something that is not a lock file at a lock path (a directory at ``names/bob.lock``) is
+  :class:`~crosstalk.store.files.StatePathError` naming the path and its fix. For an agent lock
+  that ends the registration (the session has one agent id); for a name lock it only takes
+  that name out of the running: the next candidate, as for a name held by a live agent.
 - Readers judge a descriptor stale when its pid is dead or that pid's start time differs
   (pid reuse); a descriptor from another pid namespace is ``foreign``, neither live nor dead
   (the descriptor itself, its schema and that verdict: :mod:`crosstalk.store.descriptor`).
@@ -26,14 +33,12 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
-import secrets
 import stat
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from crosstalk.config import PRIVATE_FILE_MODE, ensure_private_dir
+from crosstalk.config import ensure_private_dir
 from crosstalk.core.ids import is_agent_id
 from crosstalk.core.naming import is_valid_name
 from crosstalk.store.descriptor import (
@@ -46,13 +51,15 @@ from crosstalk.store.descriptor import (
     own_process_identity,
     read_descriptor,
 )
-from crosstalk.store.files import FileLock, is_locked, unlink_durable, write_atomic
+from crosstalk.store.files import FileLock, StatePathError, is_locked, unlink_durable
+from crosstalk.store.registration import NameChoice, NoFreeName, Registration
 
-#: The descriptor's names are the registry's public face too: callers import one module.
+#: The descriptor's and the registration's names are the registry's public face too: callers
+#: import one module.
 __all__ = [
     "PROTOCOL", "AgentBusy", "Descriptor", "DescriptorError", "DescriptorLiveness", "Listed",
-    "NameChoice", "NoFreeName", "Registration", "Registry", "RegistryError", "Unreadable",
-    "liveness", "own_process_identity", "read_descriptor",
+    "NameChoice", "NoFreeName", "Registration", "Registry", "RegistryError", "StatePathError",
+    "Unreadable", "liveness", "own_process_identity", "read_descriptor",
 ]
 
 _TEMP_FILE_GRACE = 60.0
@@ -60,10 +67,6 @@ _TEMP_FILE_GRACE = 60.0
 
 class AgentBusy(RegistryError):
     """Another live process holds this agent's lock: the session is already registered."""
-
-
-class NoFreeName(RegistryError):
-    """Every candidate name is held by a live registration."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,12 @@ class Unreadable:
 
     path: Path
     reason: str
+
+    @property
+    def agent_id(self) -> str | None:
+        """The agent its file name claims, if the name is an agent id (the content is not
+        trusted): whose agent lock says whether its owner still runs."""
+        return self.path.stem if is_agent_id(self.path.stem) else None
 
 
 class Registry:
@@ -128,7 +137,8 @@ class Registry:
         path = self.agent_lock_path(agent_id)
         deadline = time.monotonic() + patience
         delay = 0.005
-        while (lock := FileLock.try_acquire(path)) is None:
+        role = f"the lock file of agent {agent_id}"
+        while (lock := FileLock.try_acquire(path, role=role)) is None:
             if time.monotonic() >= deadline:
                 raise AgentBusy(f"agent {agent_id} is registered by another live process")
             time.sleep(delay)
@@ -137,6 +147,43 @@ class Registry:
 
     def name_is_held(self, name: str) -> bool:
         return is_locked(self.name_lock_path(name))
+
+    def agent_is_held(self, agent_id: str) -> bool:
+        """Whether a live process holds ``agent_id``'s lock: the one liveness test that needs
+        no descriptor, so it also judges a descriptor that no longer reads. Something that is
+        not a lock file at the lock path is held by nobody."""
+        try:
+            return is_locked(self.agent_lock_path(agent_id))
+        except StatePathError:
+            return False
+
+    def remove_unreadable(self, bad: Unreadable) -> bool:
+        """Remove a damaged descriptor (and its agent's token) of an agent no process runs.
+
+        Only under its agent lock, as :meth:`sweep_stale` does, and only while the file still
+        does not read: a live owner (which rewrites its own descriptor) keeps the lock, so
+        this never removes a descriptor anyone could still publish over."""
+        agent_id = bad.agent_id
+        if agent_id is None or bad.path.is_dir():  # a directory may be someone's
+            return False
+        try:
+            lock = FileLock.try_acquire(self.agent_lock_path(agent_id))
+        except StatePathError:
+            return False  # no lock file to take: nothing is proven
+        if lock is None:
+            return False
+        try:
+            try:
+                current = read_descriptor(bad.path)
+            except (OSError, DescriptorError):
+                current = None
+            if current is not None and current.agent_id == agent_id:
+                return False  # rewritten meanwhile: no longer damaged
+            unlink_durable(bad.path)
+            unlink_durable(self.credential_path(agent_id))
+            return True
+        finally:
+            lock.release()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -236,7 +283,10 @@ class Registry:
         for item in listed:
             if item.liveness is not DescriptorLiveness.STALE:
                 continue
-            lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
+            try:
+                lock = FileLock.try_acquire(self.agent_lock_path(item.descriptor.agent_id))
+            except StatePathError:
+                continue  # something in the way of its lock: doctor reports it
             if lock is None:
                 continue  # a live registration owns it (or is about to publish)
             try:
@@ -266,141 +316,3 @@ def _checked_id(agent_id: str) -> str:
     if not is_agent_id(agent_id):
         raise RegistryError(f"not an agent id: {agent_id!r}")
     return agent_id
-
-
-@dataclass(frozen=True)
-class NameChoice:
-    """The name a registration got, and why it is not the first candidate if it is not."""
-
-    name: str
-    preferred: str
-    #: The live registration holding ``preferred`` when we had to fall back, if one is listed.
-    preferred_holder: Descriptor | None
-
-    @property
-    def is_fallback(self) -> bool:
-        return self.name != self.preferred
-
-
-class Registration:
-    """One live registration: holds the agent lock and (once named) the alias lock.
-
-    Created by :meth:`Registry.acquire`; every mutation of this agent's descriptor goes
-    through it, so every mutation happens under the agent lock.
-    """
-
-    def __init__(self, registry: Registry, agent_id: str, agent_lock: FileLock) -> None:
-        self.registry = registry
-        self.agent_id = agent_id
-        self._agent_lock = agent_lock
-        self._name_lock: FileLock | None = None
-        self.name: str | None = None
-        self.descriptor: Descriptor | None = None
-        self.token: str | None = None
-
-    @property
-    def active(self) -> bool:
-        return self._agent_lock.held
-
-    def _require_active(self) -> None:
-        if not self.active:
-            raise RegistryError(f"registration of {self.agent_id} is closed")
-
-    def take_name(self, candidates: Iterable[str]) -> NameChoice:
-        """Take the first candidate whose alias lock is free, and keep holding it."""
-        choice, old = self._take_name(candidates)
-        if old is not None:
-            old.release()
-        return choice
-
-    def _take_name(self, candidates: Iterable[str]) -> tuple[NameChoice, FileLock | None]:
-        # Returns the previous alias lock still held; the caller releases it. rename() needs
-        # that: seed §3 orders a rename as take new lock, rewrite descriptor, release old lock.
-        # Releasing first would let another agent take the old name while our descriptor
-        # still names it (two live descriptors with one name).
-        self._require_active()
-        ordered = list(dict.fromkeys(candidates))
-        if not ordered:
-            raise NoFreeName("no candidate names")
-        for name in ordered:
-            if name == self.name:
-                return NameChoice(name, ordered[0], None), None
-            lock = FileLock.try_acquire(self.registry.name_lock_path(name))
-            if lock is None:
-                continue
-            try:
-                holder = None if name == ordered[0] else self.registry.holder_of(ordered[0])
-            except BaseException:
-                lock.release()
-                raise
-            old = self._name_lock
-            self._name_lock, self.name = lock, name
-            return NameChoice(name, ordered[0], holder), old
-        raise NoFreeName(f"every candidate name is held: {', '.join(ordered)}")
-
-    def issue_credential(self) -> Path:
-        """Write a fresh bearer token to a 0600 file; the descriptor only references it."""
-        self._require_active()
-        path = self.registry.credential_path(self.agent_id)
-        self.token = secrets.token_hex(32)
-        write_atomic(path, self.token.encode() + b"\n", PRIVATE_FILE_MODE)
-        return path
-
-    def publish(self, descriptor: Descriptor) -> None:
-        """Write the descriptor (temp + rename) while holding both locks."""
-        self._require_active()
-        if descriptor.agent_id != self.agent_id:
-            raise RegistryError("descriptor belongs to another agent")
-        if self.name is None or descriptor.name != self.name:
-            raise RegistryError("publish the name this registration holds the lock for")
-        write_atomic(self.registry.descriptor_path(self.agent_id), descriptor.to_json())
-        self.descriptor = descriptor
-
-    def rename(self, candidates: Iterable[str]) -> NameChoice:
-        """Move to a new alias: take the new lock, rewrite the descriptor, drop the old lock."""
-        prev_name = self.name
-        choice, old = self._take_name(candidates)
-        try:
-            if self.descriptor is not None and self.descriptor.name != choice.name:
-                self.publish(replace(self.descriptor, name=choice.name))
-        except BaseException:
-            # The descriptor still shows the old name: keep holding it, give the new one back.
-            if old is not None:
-                new, self._name_lock, self.name = self._name_lock, old, prev_name
-                if new is not None:
-                    new.release()
-            raise
-        if old is not None:
-            old.release()
-        return choice
-
-    def close(self) -> None:
-        """The exit path: remove our own descriptor and credential, then drop both locks.
-
-        Removal checks the file's ``instance_id``; a descriptor some later instance wrote is
-        left alone. Lock files stay (see :class:`FileLock`).
-        """
-        if not self.active:
-            return
-        try:
-            path = self.registry.descriptor_path(self.agent_id)
-            if self.descriptor is not None:
-                try:
-                    current = read_descriptor(path)
-                except (OSError, DescriptorError):
-                    current = None
-                if current is not None and current.instance_id == self.descriptor.instance_id:
-                    unlink_durable(path)
-            if self.token is not None:
-                cred = self.registry.credential_path(self.agent_id)
-                try:
-                    with open(cred, encoding="ascii") as f:
-                        ours = f.read().strip() == self.token
-                except OSError:
-                    ours = False
-                if ours:
-                    unlink_durable(cred)
-        finally:
-            if self._name_lock is not None:
-                self._name_lock.release()
-            self._agent_lock.release()
