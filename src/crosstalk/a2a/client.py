@@ -10,17 +10,15 @@ what happened                                state
 ===========================================  ===============================================
 a task came back                             its ``crosstalk.state`` (accepted, queued, ...)
 a JSON-RPC error (policy, admission, cap)    ``rejected`` with the server's reason
+the peer could not store it (its journal)    ``unreachable`` / ``journal_unavailable``
 HTTP 401/403                                 ``rejected`` (``unauthorized``)
 nothing could be sent (refused, no card)     ``unreachable``
 no response byte came back                   sent once more, on a fresh connection
 timeout or partial answer after sending      ``unknown`` (never resent by us)
 ===========================================  ===============================================
 
-The one repeat (:func:`crosstalk.a2a.transport.at_most_twice`) covers a pooled connection the
-server closed just as it was reused: a SendMessage or GetTask is repeated whenever no byte of
-its response came back (the peer dedupes a message on (sender, message_id), so even one it
-processed is safe to send again); a claim, release or cancel only if it certainly never left
-(the card fetch or the connect failed).
+The one repeat (for a pooled connection the server closed as it was reused) and when it is
+safe: :func:`crosstalk.a2a.transport.at_most_twice`.
 
 The token goes only to the JSON-RPC interface the card names, and only if that interface is
 on the same origin as the URL we were given: a card cannot redirect our credential elsewhere.
@@ -258,15 +256,9 @@ async def get_task(url: str, token: str, task_id: str, *, timeout: float = DEFAU
     req = pb.GetTaskRequest(id=task_id)
     if history_length is not None:
         req.history_length = history_length
-
-    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
-        return await _task_call(url, token, task_id, http=http, budget=budget,
-                                call=lambda client, ctx: client.get_task(req, context=ctx))
-
-    # A read: repeatable.
-    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
-                                   repeatable=True)
-    return last.result
+    return await _task_call(url, token, task_id, timeout=timeout, httpx_client=httpx_client,
+                            repeatable=True,  # a read
+                            call=lambda client, ctx: client.get_task(req, context=ctx))
 
 
 async def cancel_task(url: str, token: str, task_id: str, *,
@@ -274,31 +266,32 @@ async def cancel_task(url: str, token: str, task_id: str, *,
                       httpx_client: httpx.AsyncClient | None = None) -> SendResult:
     """Cancel a task that no dispatch has claimed yet; else ``rejected``/task_not_cancelable."""
     req = pb.CancelTaskRequest(id=task_id)
-
-    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
-        return await _task_call(url, token, task_id, http=http, budget=budget,
-                                call=lambda client, ctx: client.cancel_task(req, context=ctx))
-
     # Not repeatable once sent: a repeat of a cancel that was applied says not cancelable.
-    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
-                                   repeatable=False)
-    return last.result
+    return await _task_call(url, token, task_id, timeout=timeout, httpx_client=httpx_client,
+                            repeatable=False,
+                            call=lambda client, ctx: client.cancel_task(req, context=ctx))
 
 
-async def _task_call(url: str, token: str, task_id: str, *, http: httpx.AsyncClient | None,
-                     budget: float,
+async def _task_call(url: str, token: str, task_id: str, *, timeout: float,
+                     httpx_client: httpx.AsyncClient | None, repeatable: bool,
                      call: Callable[[Client, ClientCallContext], Awaitable[pb.Task]]
-                     ) -> Attempt[SendResult]:
-    sent = False
-    try:
-        async with _connect(url, token, timeout=budget, httpx_client=http) as (client, ctx):
-            sent = True
-            return Attempt(result_from_task(await call(client, ctx), None))
-    except _Refused as exc:
-        return Attempt(SendResult("", exc.state, exc.reason, task_id), exc, sent)
-    except (A2AError, httpx.HTTPError) as exc:
-        state, reason = classify_error(exc, sent=True)
-        return Attempt(SendResult("", state, reason, task_id), exc, sent)
+                     ) -> SendResult:
+    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
+        sent = False
+        try:
+            async with _connect(url, token, timeout=budget, httpx_client=http) as (
+                    client, ctx):
+                sent = True
+                return Attempt(result_from_task(await call(client, ctx), None))
+        except _Refused as exc:
+            return Attempt(SendResult("", exc.state, exc.reason, task_id), exc, sent)
+        except (A2AError, httpx.HTTPError) as exc:
+            state, reason = classify_error(exc, sent=True)
+            return Attempt(SendResult("", state, reason, task_id), exc, sent)
+
+    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
+                                  repeatable=repeatable)
+    return last.result
 
 
 def _default_timeout(kind: str, deadline_seconds: int, *, waits: bool) -> float:
@@ -345,8 +338,15 @@ def classify_error(exc: BaseException, *, sent: bool) -> tuple[str, str]:
         # The peer failed while handling it: accepted or not, nobody can say.
         return "unknown", _reason_of(exc)
     if isinstance(exc, A2AError):
-        return "rejected", _reason_of(exc)
+        return _refusal_state(exc), _reason_of(exc)
     return "unknown", type(exc).__name__
+
+
+def _refusal_state(exc: A2AError) -> str:
+    """``unreachable`` where the peer says it could not take the message (its journal
+    refused it), else ``rejected``: a refusal can never claim delivery."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    return "unreachable" if data.get(wire.ERROR_STATE) == "unreachable" else "rejected"
 
 
 def _reason_of(exc: A2AError) -> str:

@@ -76,8 +76,8 @@ async def send(agent: Agent, to: str | Descriptor, text: str, *, kind: str = "in
     """Send to a registered agent over A2A, as this agent: by name or agent_id, or by the
     descriptor a caller already resolved (no second registry scan)."""
     target = to if isinstance(to, Descriptor) else peer(agent, to)
-    if isinstance(target, str):
-        return a2a_client.SendResult(message_id="", state="unknown", reason=target)
+    if isinstance(target, str):  # no_such_agent / ambiguous_name: definitely sent nowhere
+        return a2a_client.SendResult(message_id="", state="rejected", reason=target)
     if target.a2a_url is None:
         return a2a_client.SendResult(message_id="", state="unreachable",
                                      reason="no_a2a_listener")
