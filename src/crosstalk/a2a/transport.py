@@ -126,7 +126,7 @@ async def at_most_twice(url: str,
     if maybe_arrived and not repeatable:
         return first, False
     log.info("A2A request to %s got no response (%s); repeating it on a fresh connection",
-             url, type(_httpx_cause(failure)).__name__)
+             url, _httpx_cause(failure))
     second = await attempt(None, max(_RETRY_BUDGET, timeout - (time.monotonic() - started)))
     return second, maybe_arrived
 
