@@ -142,7 +142,7 @@ async def test_an_ambiguous_name_answers_with_agent_id_hints(
     one, two = world("twin"), world("twin")
     await alice.connect()
     sent = await alice.call("send_message", to="twin", text="which one?")
-    assert (sent["state"], sent["reason"]) == ("unknown", "ambiguous_name")
+    assert (sent["state"], sent["reason"]) == ("rejected", "ambiguous_name")
     ids = {agent_id_for("claude", one.fc.session_id), agent_id_for("claude", two.fc.session_id)}
     assert set(sent["candidates"]) == ids
     assert all(i in sent["hint"] for i in ids)
@@ -160,7 +160,7 @@ async def test_an_ambiguous_name_answers_with_agent_id_hints(
     assert by_socket["state"] == "accepted"
     assert len(two.inbound()) == 3
     gone = await alice.call("send_message", to="nobody", text="?")
-    assert (gone["state"], gone["reason"]) == ("unknown", "no_such_agent")
+    assert (gone["state"], gone["reason"]) == ("rejected", "no_such_agent")
 
 
 # -- seed 13: relay routing ------------------------------------------------------------------
@@ -308,7 +308,7 @@ async def test_rename_moves_the_alias_only(world: Callable[..., Node]) -> None:
     assert (listed[bob.agent_id]["role"], listed[bob.agent_id]["owner"]) == (
         "subagent", alice.agent_id)  # the claim still binds
     gone = await alice.call("send_message", to="bob", text="old alias?")
-    assert (gone["state"], gone["reason"]) == ("unknown", "no_such_agent")
+    assert (gone["state"], gone["reason"]) == ("rejected", "no_such_agent")
 
     # A native reply to the pre-rename address still reaches the shim and is bounced.
     out = bob.fc.send(address.group(1), "native after rename")

@@ -141,10 +141,10 @@ async def test_bad_arguments_get_clear_errors(world: dict[str, str]) -> None:
             res = await c.call_tool(tool, args, meta=m)
             assert res.is_error, (tool, args)
             assert data(res)["error"] == reason, (tool, args, data(res))
-        unknown = data(await c.call_tool("send_message", {"to": "nobody", "text": "hi"},
-                                         meta=m))
-        assert unknown["state"] == "unknown"
-        assert unknown["reason"] == "no_such_agent"
+        nobody = data(await c.call_tool("send_message", {"to": "nobody", "text": "hi"},
+                                        meta=m))
+        assert nobody["state"] == "rejected"  # sent nowhere: definite (issue 12, item 8)
+        assert nobody["reason"] == "no_such_agent"
 
 
 async def test_exit_on_stdin_eof_removes_descriptors(world: dict[str, str]) -> None:

@@ -499,7 +499,7 @@ def test_clear_keeps_the_name_and_routes_to_the_new_conversation(world: World,
         ("beta", new_agent, True)], listed
     assert old_desc["agent_id"] not in [r.get("agent_id") for r in listed["agents"]]
     _, gone = tool_result(alpha, step(alpha, "a-old"))
-    assert (gone["state"], gone["reason"]) == ("unknown", "no_such_agent"), gone
+    assert (gone["state"], gone["reason"]) == ("rejected", "no_such_agent"), gone
 
     send_call = step(alpha, "a-after")
     _, sent = tool_result(alpha, send_call)

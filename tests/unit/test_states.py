@@ -291,7 +291,8 @@ def test_receipt_settlement_is_agent_apply_receipt_s_rule(state: MessageState,
         assert message_next(state, ME.SETTLED, expected[0]) is expected[0]
 
 
-REASONS = [None, "no_such_agent", "ambiguous_name", "transport", "no_a2a_listener"]
+REASONS = [None, "no_such_agent", "ambiguous_name", "transport", "no_a2a_listener",
+           "journal_unavailable"]
 
 
 @pytest.mark.parametrize("state", [*SEND_RESULTS, "error", "weird"])
@@ -300,7 +301,9 @@ def test_send_result_to_reply_is_agent_forward_reply_s_rule(state: str,
                                                             reason: str | None) -> None:
     # the rule as agent.Agent._forward_reply spells it
     gone = reason in ("no_such_agent", "ambiguous_name")
+    later = reason == "journal_unavailable"  # the receiver could not store it: may pass later
     old = (ReplyState.FORWARDED if state in ("accepted", "queued")
+           else ReplyState.PENDING if later
            else ReplyState.UNREACHABLE if state in ("unreachable", "rejected") or gone
            else ReplyState.PENDING)
     event = reply_event_for_send(state, reason)

@@ -7,6 +7,8 @@
   :mod:`~crosstalk.a2a.errors` (refusals), :mod:`~crosstalk.a2a.tasks` (the task book).
 - :mod:`crosstalk.a2a.taskstore` — the journal-backed task store (seed S12).
 - :mod:`crosstalk.a2a.client` — how a shim sends to a peer, on the SDK's own client.
+- :mod:`crosstalk.a2a.transport` — the pooled HTTP transport it sends on, and the one repeat
+  on a fresh connection for a request that got no response.
 - :mod:`crosstalk.a2a.wire` — the ``crosstalk.*`` metadata both sides speak.
 """
 

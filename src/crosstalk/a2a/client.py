@@ -10,10 +10,15 @@ what happened                                state
 ===========================================  ===============================================
 a task came back                             its ``crosstalk.state`` (accepted, queued, ...)
 a JSON-RPC error (policy, admission, cap)    ``rejected`` with the server's reason
+the peer could not store it (its journal)    ``unreachable`` / ``journal_unavailable``
 HTTP 401/403                                 ``rejected`` (``unauthorized``)
 nothing could be sent (refused, no card)     ``unreachable``
-timeout or broken transport after sending    ``unknown`` (never resent by us)
+no response byte came back                   sent once more, on a fresh connection
+timeout or partial answer after sending      ``unknown`` (never resent by us)
 ===========================================  ===============================================
+
+The one repeat (for a pooled connection the server closed as it was reused) and when it is
+safe: :func:`crosstalk.a2a.transport.at_most_twice`.
 
 The token goes only to the JSON-RPC interface the card names, and only if that interface is
 on the same origin as the URL we were given: a card cannot redirect our credential elsewhere.
@@ -22,14 +27,11 @@ on the same origin as the URL we were given: a card cannot redirect our credenti
 from __future__ import annotations
 
 import asyncio
-import functools
-import socket
-import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,6 +53,7 @@ from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InternalError
 from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a import wire
+from crosstalk.a2a.transport import CONNECT_TIMEOUT, Attempt, at_most_twice, new_http_client
 from crosstalk.config import DELIVERY_TIMEOUT
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import valid_unicode
@@ -59,7 +62,6 @@ DEFAULT_TIMEOUT = 30.0
 #: An ask sent with the default wait blocks until it is answered; without a deadline the
 #: server gives up after its own cap (15 min by default), so wait a little longer than that.
 ASK_WITHOUT_DEADLINE_TIMEOUT = 960.0
-_CONNECT_TIMEOUT = 5.0
 
 _TASK_STATES = {
     pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_WORKING: "working",
@@ -135,32 +137,46 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
         message=message,
         configuration=pb.SendMessageConfiguration(
             return_immediately=return_immediately or until_delivered))
-    started = time.monotonic()
-    sent = False
-    try:
-        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client,
-                            expect_name=expect_name) as (client, ctx):
-            sent = True
-            task: pb.Task | None = None
-            async for event in client.send_message(request, context=ctx):
-                if event.HasField("task"):
-                    task = event.task
-                elif event.HasField("message"):
-                    return SendResult(mid, "accepted", "peer_answered_with_message")
-            if task is None:
-                return SendResult(mid, "unknown", "no_task_in_response")
-            if until_delivered:
-                task = await _poll_delivery(client, ctx, task,
-                                            timeout - (time.monotonic() - started))
-                if _pending(task):
-                    return SendResult(mid, "unknown", "delivery_pending", task.id,
-                                      _TASK_STATES.get(task.status.state, "unknown"))
-            return result_from_task(task, mid)
-    except _Refused as exc:
-        return SendResult(mid, exc.state, exc.reason)
-    except (A2AError, httpx.HTTPError) as exc:
-        state, reason = classify_error(exc, sent=sent)
-        return SendResult(mid, state, reason)
+
+    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
+        started = time.monotonic()
+        sent = False
+        try:
+            async with _connect(url, token, timeout=budget, httpx_client=http,
+                                expect_name=expect_name) as (client, ctx):
+                sent = True
+                task: pb.Task | None = None
+                async for event in client.send_message(request, context=ctx):
+                    if event.HasField("task"):
+                        task = event.task
+                    elif event.HasField("message"):
+                        return Attempt(SendResult(mid, "accepted",
+                                                   "peer_answered_with_message"))
+                if task is None:
+                    return Attempt(SendResult(mid, "unknown", "no_task_in_response"))
+                if until_delivered:
+                    task = await _poll_delivery(client, ctx, task,
+                                                budget - (time.monotonic() - started))
+                    if _pending(task):
+                        return Attempt(SendResult(
+                            mid, "unknown", "delivery_pending", task.id,
+                            _TASK_STATES.get(task.status.state, "unknown")))
+                return Attempt(result_from_task(task, mid))
+        except _Refused as exc:
+            return Attempt(SendResult(mid, exc.state, exc.reason), exc, sent)
+        except (A2AError, httpx.HTTPError) as exc:
+            state, reason = classify_error(exc, sent=sent)
+            return Attempt(SendResult(mid, state, reason), exc, sent)
+
+    # Repeatable: the peer dedupes on (sender, message_id) and answers a repeat with the
+    # state the first copy reached, so even a request it processed is safe to send again.
+    last, earlier_may_have_arrived = await at_most_twice(
+        url, attempt, httpx_client=httpx_client, timeout=timeout, repeatable=True)
+    if earlier_may_have_arrived and last.failure is not None and (
+            last.result.state == "unreachable"):
+        # The repeat found nobody, but the first copy may have been delivered.
+        return replace(last.result, state="unknown")
+    return last.result
 
 
 @dataclass(frozen=True)
@@ -195,21 +211,28 @@ async def control(url: str, token: str, op: str, *, text: str,
     message.metadata.update(wire.encode_request_metadata(control=op))
     request = pb.SendMessageRequest(message=message,
                                     configuration=pb.SendMessageConfiguration())
-    sent = False
-    try:
-        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client,
-                            expect_name=expect_name,
-                            require_extension=wire.CONTROL_EXTENSION) as (client, ctx):
-            sent = True
-            async for event in client.send_message(request, context=ctx):
-                if event.HasField("task"):
-                    return _control_outcome(event.task)
-            return ControlOutcome(False, "unknown", "no_task_in_response")
-    except _Refused as exc:
-        return ControlOutcome(False, exc.state, exc.reason)
-    except (A2AError, httpx.HTTPError) as exc:
-        state, reason = classify_error(exc, sent=sent)
-        return ControlOutcome(False, state, reason)
+
+    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[ControlOutcome]:
+        sent = False
+        try:
+            async with _connect(url, token, timeout=budget, httpx_client=http,
+                                expect_name=expect_name,
+                                require_extension=wire.CONTROL_EXTENSION) as (client, ctx):
+                sent = True
+                async for event in client.send_message(request, context=ctx):
+                    if event.HasField("task"):
+                        return Attempt(_control_outcome(event.task))
+                return Attempt(ControlOutcome(False, "unknown", "no_task_in_response"))
+        except _Refused as exc:
+            return Attempt(ControlOutcome(False, exc.state, exc.reason), exc, sent)
+        except (A2AError, httpx.HTTPError) as exc:
+            state, reason = classify_error(exc, sent=sent)
+            return Attempt(ControlOutcome(False, state, reason), exc, sent)
+
+    # Not repeatable once sent: the target does not dedupe control requests.
+    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
+                                   repeatable=False)
+    return last.result
 
 
 def _control_outcome(task: pb.Task) -> ControlOutcome:
@@ -230,35 +253,45 @@ async def get_task(url: str, token: str, task_id: str, *, timeout: float = DEFAU
                    history_length: int | None = None,
                    httpx_client: httpx.AsyncClient | None = None) -> SendResult:
     """The current state of a task this sender created (``rejected``/task_not_found else)."""
-    try:
-        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client) as (
-                client, ctx):
-            req = pb.GetTaskRequest(id=task_id)
-            if history_length is not None:
-                req.history_length = history_length
-            task = await client.get_task(req, context=ctx)
-            return result_from_task(task, None)
-    except _Refused as exc:
-        return SendResult("", exc.state, exc.reason, task_id)
-    except (A2AError, httpx.HTTPError) as exc:
-        state, reason = classify_error(exc, sent=True)
-        return SendResult("", state, reason, task_id)
+    req = pb.GetTaskRequest(id=task_id)
+    if history_length is not None:
+        req.history_length = history_length
+    return await _task_call(url, token, task_id, timeout=timeout, httpx_client=httpx_client,
+                            repeatable=True,  # a read
+                            call=lambda client, ctx: client.get_task(req, context=ctx))
 
 
 async def cancel_task(url: str, token: str, task_id: str, *,
                       timeout: float = DEFAULT_TIMEOUT,
                       httpx_client: httpx.AsyncClient | None = None) -> SendResult:
     """Cancel a task that no dispatch has claimed yet; else ``rejected``/task_not_cancelable."""
-    try:
-        async with _connect(url, token, timeout=timeout, httpx_client=httpx_client) as (
-                client, ctx):
-            task = await client.cancel_task(pb.CancelTaskRequest(id=task_id), context=ctx)
-            return result_from_task(task, None)
-    except _Refused as exc:
-        return SendResult("", exc.state, exc.reason, task_id)
-    except (A2AError, httpx.HTTPError) as exc:
-        state, reason = classify_error(exc, sent=True)
-        return SendResult("", state, reason, task_id)
+    req = pb.CancelTaskRequest(id=task_id)
+    # Not repeatable once sent: a repeat of a cancel that was applied says not cancelable.
+    return await _task_call(url, token, task_id, timeout=timeout, httpx_client=httpx_client,
+                            repeatable=False,
+                            call=lambda client, ctx: client.cancel_task(req, context=ctx))
+
+
+async def _task_call(url: str, token: str, task_id: str, *, timeout: float,
+                     httpx_client: httpx.AsyncClient | None, repeatable: bool,
+                     call: Callable[[Client, ClientCallContext], Awaitable[pb.Task]]
+                     ) -> SendResult:
+    async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
+        sent = False
+        try:
+            async with _connect(url, token, timeout=budget, httpx_client=http) as (
+                    client, ctx):
+                sent = True
+                return Attempt(result_from_task(await call(client, ctx), None))
+        except _Refused as exc:
+            return Attempt(SendResult("", exc.state, exc.reason, task_id), exc, sent)
+        except (A2AError, httpx.HTTPError) as exc:
+            state, reason = classify_error(exc, sent=True)
+            return Attempt(SendResult("", state, reason, task_id), exc, sent)
+
+    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
+                                  repeatable=repeatable)
+    return last.result
 
 
 def _default_timeout(kind: str, deadline_seconds: int, *, waits: bool) -> float:
@@ -305,8 +338,15 @@ def classify_error(exc: BaseException, *, sent: bool) -> tuple[str, str]:
         # The peer failed while handling it: accepted or not, nobody can say.
         return "unknown", _reason_of(exc)
     if isinstance(exc, A2AError):
-        return "rejected", _reason_of(exc)
+        return _refusal_state(exc), _reason_of(exc)
     return "unknown", type(exc).__name__
+
+
+def _refusal_state(exc: A2AError) -> str:
+    """``unreachable`` where the peer says it could not take the message (its journal
+    refused it), else ``rejected``: a refusal can never claim delivery."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    return "unreachable" if data.get(wire.ERROR_STATE) == "unreachable" else "rejected"
 
 
 def _reason_of(exc: A2AError) -> str:
@@ -346,26 +386,6 @@ def _transport_error(cause: BaseException | None, *, sent: bool) -> tuple[str, s
     return ("unknown", "invalid_response") if sent else ("unreachable", "invalid_response")
 
 
-_NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    # Building a default context loads the CA bundle (~30 ms); do it once per process.
-    return ssl.create_default_context()
-
-
-def new_transport() -> httpx.AsyncHTTPTransport:
-    """An HTTP transport for peers: Nagle off, and the TLS context built once."""
-    return httpx.AsyncHTTPTransport(socket_options=_NODELAY, verify=_tls_context())
-
-
-def new_http_client(timeout: float = 30.0) -> httpx.AsyncClient:
-    """A client to keep for many sends (connection reuse: ~5 ms a send instead of ~35)."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=_CONNECT_TIMEOUT),
-                             transport=new_transport())
-
-
 @asynccontextmanager
 async def _connect(url: str, token: str, *, timeout: float,
                    httpx_client: httpx.AsyncClient | None = None,
@@ -374,14 +394,10 @@ async def _connect(url: str, token: str, *, timeout: float,
                        tuple[Client, ClientCallContext]]:
     """Resolve the card and build the SDK client that presents ``token`` as a bearer."""
     own = httpx_client is None
-    http = httpx_client or httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
-        # Nagle off: a POST goes out as headers then body, and with Nagle the body waits for
-        # the server's delayed ACK (~40 ms per request on loopback, measured).
-        transport=new_transport())
+    http = httpx_client or new_http_client(timeout)
     try:
         card = await A2ACardResolver(http, url).get_agent_card(
-            http_kwargs={"timeout": min(timeout, _CONNECT_TIMEOUT * 2)})
+            http_kwargs={"timeout": min(timeout, CONNECT_TIMEOUT * 2)})
         if expect_name is not None and card.name != expect_name:
             raise _Refused("unreachable", "peer_changed")
         if require_extension is not None and not any(

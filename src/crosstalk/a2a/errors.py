@@ -1,7 +1,9 @@
 """The errors a CrossTalk A2A server refuses a request with (no task created).
 
 Each carries the reason in the error's ``google.rpc.ErrorInfo`` metadata
-(:data:`crosstalk.a2a.wire.ERROR_REASON`), so any client maps it to ``rejected``.
+(:data:`crosstalk.a2a.wire.ERROR_REASON`) and the send state it means
+(:data:`crosstalk.a2a.wire.ERROR_STATE`): ``rejected``, or ``unreachable`` for a receiver
+that could not store the message. Either is definite: nothing was accepted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ def rejected_error(reason: str, detail: str | None = None) -> InvalidRequestErro
     return InvalidRequestError(
         message=f"rejected: {reason}" + (f" ({detail})" if detail else ""),
         data={wire.ERROR_REASON: reason, wire.ERROR_STATE: M.REJECTED.value})
+
+
+def journal_unavailable_error() -> InvalidRequestError:
+    """The receiver could not journal the message (a full disk), so it accepted nothing.
+
+    A definite refusal, not ``InternalError`` (-32603), which a client must read as "maybe
+    delivered": nothing was journaled or dispatched, and the same request may succeed later.
+    ``-32600`` like every refusal before a task; the state is ``unreachable`` (a system
+    failure at the receiver, not a verdict on the message). The OS error stays in the
+    receiver's log: it names local paths.
+    """
+    return InvalidRequestError(
+        message="unavailable: journal_unavailable (the receiver could not store the message; "
+                "nothing was accepted; retry later)",
+        data={wire.ERROR_REASON: "journal_unavailable", wire.ERROR_STATE: M.UNREACHABLE.value})
 
 
 def invalid_params(reason: str, detail: str) -> InvalidParamsError:

@@ -15,6 +15,9 @@ SendMessage (seed §5)::
 
 - ``unknown`` is never reported completed (seed 17c): a default-wait SendMessage returns the
   task in that state rather than block on evidence that may never come.
+- A message the receiver cannot journal (a full disk) is refused before anything is
+  accepted: a definite, retryable refusal (:func:`~crosstalk.a2a.errors.journal_unavailable_error`),
+  never ``InternalError``, which a sender must read as "maybe delivered".
 - A message waits SUBMITTED (and cancelable) in the lane until the messages before it were
   injected; CancelTask wins exactly when it runs before the lane's dispatch lock (seed 22).
 
@@ -53,7 +56,12 @@ from starlette.types import Message as AsgiMessage
 from crosstalk.a2a import wire
 from crosstalk.a2a.asgi import RECEIVE_KEY
 from crosstalk.a2a.control import ClaimHandler, control_answer
-from crosstalk.a2a.errors import invalid_params, rejected_error, require_sender
+from crosstalk.a2a.errors import (
+    invalid_params,
+    journal_unavailable_error,
+    rejected_error,
+    require_sender,
+)
 from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy
 from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
@@ -189,7 +197,8 @@ class CrossTalkRequestHandler(RequestHandler):
                 admitted = self.receiver.admit(msg)
             except ReceiverUnavailable as exc:
                 self.receiver.admission.release_task(task_id)
-                raise InternalError(message=f"journal unavailable: {exc}") from exc
+                log.error("message %s refused, nothing accepted: %s", mid, exc)
+                raise journal_unavailable_error() from exc
             if isinstance(admitted, Result):
                 self.receiver.admission.release_task(task_id)
                 entry = self.receiver.entries.get(mid)
@@ -323,7 +332,8 @@ class CrossTalkRequestHandler(RequestHandler):
             try:
                 admitted = self.receiver.admit(msg)  # policy runs again (seed 23)
             except ReceiverUnavailable as exc:
-                raise InternalError(message=f"journal unavailable: {exc}") from exc
+                log.error("continuation %s refused, nothing accepted: %s", mid, exc)
+                raise journal_unavailable_error() from exc
             if isinstance(admitted, Result):
                 raise rejected_error(admitted.reason or admitted.state.value)
             self.book.note_pending(mid, msg.deadline_seconds)

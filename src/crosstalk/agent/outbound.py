@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from crosstalk.a2a import client as a2a_client
+from crosstalk.a2a.transport import new_http_client
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.records import NativeSendAttempted, NativeSendEnded
@@ -63,7 +64,7 @@ def peer(agent: Agent, to: str) -> Descriptor | str:
 def http_client(agent: Agent) -> httpx.AsyncClient:
     """One HTTP client per agent: peers' connections are reused (~5 ms a send, not ~35)."""
     if agent.http is None:
-        agent.http = a2a_client.new_http_client()
+        agent.http = new_http_client()
     return agent.http
 
 
@@ -75,8 +76,8 @@ async def send(agent: Agent, to: str | Descriptor, text: str, *, kind: str = "in
     """Send to a registered agent over A2A, as this agent: by name or agent_id, or by the
     descriptor a caller already resolved (no second registry scan)."""
     target = to if isinstance(to, Descriptor) else peer(agent, to)
-    if isinstance(target, str):
-        return a2a_client.SendResult(message_id="", state="unknown", reason=target)
+    if isinstance(target, str):  # no_such_agent / ambiguous_name: definitely sent nowhere
+        return a2a_client.SendResult(message_id="", state="rejected", reason=target)
     if target.a2a_url is None:
         return a2a_client.SendResult(message_id="", state="unreachable",
                                      reason="no_a2a_listener")

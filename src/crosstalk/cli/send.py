@@ -44,11 +44,20 @@ _ACK_LIMIT = 64 * 1024
 
 
 class SendFailure(Exception):
-    """``crosstalk send`` cannot deliver; ``exit_code`` says which kind of failure."""
+    """``crosstalk send`` cannot deliver; ``exit_code`` says which kind of failure. ``reason``
+    names a target that resolved to no agent (``no_such_agent``, ``ambiguous_name``): a
+    definite failure, sent nowhere, which ``--json`` reports as ``rejected``."""
 
-    def __init__(self, exit_code: int, message: str) -> None:
+    def __init__(self, exit_code: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.reason = reason
+
+    def result(self, to: str) -> dict[str, str] | None:
+        """The ``--json`` line for a target that resolved to nobody, else ``None``."""
+        if self.reason is None:
+            return None
+        return {"to": to, "state": "rejected", "reason": self.reason}
 
 
 def message_text(text: str, stdin: IO[str] | None = None) -> str:
@@ -82,7 +91,8 @@ def resolve_target(home: Path, to: str, env: Mapping[str, str] | None = None) ->
     (``claude:<pid|session-id|name>``, ``codex:<thread-id|name>``, ``uds:<path>``).
     Ambiguity is an error naming the candidates, never a guess."""
     if not (home / "agents").is_dir():
-        raise SendFailure(EXIT_NO_TARGET, f"no agent {to!r}: nothing is registered in {home}")
+        raise SendFailure(EXIT_NO_TARGET, f"no agent {to!r}: nothing is registered in {home}",
+                          "no_such_agent")
     found = Registry(home).find(to)
     if len(found) > 1:
         raise _ambiguous(to, [(d.agent_id, d.name, d.harness, d.cwd) for d in found])
@@ -98,7 +108,8 @@ def resolve_target(home: Path, to: str, env: Mapping[str, str] | None = None) ->
         if target.reason == "ambiguous_name":
             raise _ambiguous(to, [(e.agent_id, e.name, e.harness, e.cwd or "?")
                                   for e in target.candidates])
-        raise SendFailure(EXIT_NO_TARGET, f"no live agent named or identified by {to!r}")
+        raise SendFailure(EXIT_NO_TARGET, f"no live agent named or identified by {to!r}",
+                          "no_such_agent")
     if target.descriptor is None:
         raise SendFailure(EXIT_NO_TARGET, f"{to!r} is a {target.harness} session without "
                           "CrossTalk: crosstalk send reaches CrossTalk agents only (a session "
@@ -109,7 +120,7 @@ def resolve_target(home: Path, to: str, env: Mapping[str, str] | None = None) ->
 def _ambiguous(to: str, rows: list[tuple[str, str, str, str]]) -> SendFailure:
     listed = "\n".join(f"  {aid}  {name}  {harness}  {cwd}" for aid, name, harness, cwd in rows)
     return SendFailure(EXIT_NO_TARGET, f"{to!r} is ambiguous; use one of these agent ids:\n"
-                       f"{listed}")
+                       f"{listed}", "ambiguous_name")
 
 
 def read_key(key_path: Path) -> str:
@@ -278,6 +289,8 @@ def run_send(home: Path, to: str, text: str, *, as_json: bool = False,
         sent = send(home, to, text, timeout=timeout)
     except SendFailure as exc:
         print(f"crosstalk send: {exc}", file=err)
+        if as_json and (line := exc.result(to)) is not None:
+            print(json.dumps(line, separators=(",", ":")), file=out)
         return exc.exit_code
     if as_json:
         print(json.dumps(sent.ack, separators=(",", ":")), file=out)

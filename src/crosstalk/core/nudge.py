@@ -10,9 +10,9 @@ What counts: every send from ``send_message``, ``ask`` and ``reply``, except
 
 - one that came back ``rejected`` or ``unreachable`` (it reached no one; a model that keeps
   retrying an unreachable peer is therefore never nudged);
-- one to a name that matches no session (``unknown`` with reason ``no_such_agent``). The seed
-  names the inform case; the rule here applies to every kind, since the reason is the same: it
-  reached no peer;
+- one to a name that matches no session (reason ``no_such_agent``; the seed's ``unknown``,
+  reported ``rejected`` since issue 12). The seed names the inform case; the rule here applies
+  to every kind, since the reason is the same: it reached no peer;
 - a retried reply (one reply per inbound message, R4: the retry returns the first result and
   is not a second send).
 

@@ -432,14 +432,19 @@ def receipt_settlement(state: MessageState, status: str) -> tuple[MessageState, 
 
 #: Send results that mean the addressee is no more (the registry has no such agent now).
 _GONE_REASONS = frozenset({"no_such_agent", "ambiguous_name"})
+#: Refusals that may pass later: the receiver could not store the message (nothing accepted).
+_RETRYABLE_REASONS = frozenset({"journal_unavailable"})
 
 
 def reply_event_for_send(state: str, reason: str | None) -> ReplyEvent | None:
     """What a forward's send result means for the reply: forwarded when delivered, failed when
     definitely not deliverable (or the asker is gone), ``None`` (stays pending, resumed
-    later) otherwise, e.g. ``unknown``."""
+    later or sent again by a repeated reply) otherwise: ``unknown``, or a refusal that may
+    pass later."""
     if state in DELIVERED:
         return ReplyEvent.FORWARDED
+    if reason in _RETRYABLE_REASONS:
+        return None
     if state in UNDELIVERED or reason in _GONE_REASONS:
         return ReplyEvent.FAILED
     return None

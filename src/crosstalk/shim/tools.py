@@ -250,7 +250,8 @@ class Tools:
         """Resolve ``to`` (agents and sessions without CrossTalk) and send to it."""
         target = await asyncio.to_thread(self.shim.directory.resolve, to)
         if isinstance(target, Unresolved):
-            return target, SendResult(message_id="", state="unknown", reason=target.reason)
+            # Sent nowhere: a definite failure, never ``unknown`` ("may have been delivered").
+            return target, SendResult(message_id="", state="rejected", reason=target.reason)
         if target.descriptor is not None:
             res = await agent.send(target.descriptor, text, kind=kind, delivery=delivery,
                                    deadline_seconds=deadline, until_delivered=kind == "ask")
@@ -284,9 +285,12 @@ class Tools:
         mid = _req_str(args, "message_id")
         text = _text_arg(args)
         try:
-            return await agent.reply(mid, text)
+            result = await agent.reply(mid, text)
         except ReplyRefused as exc:
             raise ToolError(exc.reason, exc.hint, message_id=mid) from None
+        if (hint := _SEND_HINTS.get(result.get("reason") or "")) is not None:
+            result = {**result, "hint": hint}
+        return result
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -340,6 +344,8 @@ _SEND_HINTS = {
     "held_for_approval": (
         "that session is holding the message for its user's approval: not delivered yet, "
         "and not lost"),
+    "journal_unavailable": (
+        "the receiver could not store it; nothing was delivered; retry later"),
 }
 
 _CONTROL_HINTS = {
