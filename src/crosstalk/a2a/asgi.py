@@ -1,7 +1,8 @@
 """The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, the Agent Card, and
 the embedded uvicorn listener (seed §5 request path, up to the SDK's JSON-RPC dispatcher)::
 
-    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding)
+    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding;
+      JSON depth, integer size, lone surrogates: crosstalk.a2a.jsontext)
       →  SDK JSON-RPC dispatcher  →  :class:`crosstalk.a2a.handler.CrossTalkRequestHandler`
 
 The SDK does the wire: JSON-RPC parsing and error mapping (``create_jsonrpc_routes``), the
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import socket
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -38,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as AsgiMessage
 
 from crosstalk import __version__
-from crosstalk.a2a import wire
+from crosstalk.a2a import jsontext, wire
 from crosstalk.a2a.taskstore import SENDER_KEY
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT
@@ -46,13 +48,20 @@ from crosstalk.core.states import MessageState
 from crosstalk.store.registry import Descriptor, Registry
 
 M = MessageState
+log = logging.getLogger(__name__)
 
 RPC_PATH = "/"
 #: The ASGI scope key the bearer guard puts the verified sender under.
 SCOPE_SENDER = "crosstalk.sender"
+#: The ASGI scope key the body cap puts the fields it repaired under (lone surrogates).
+SCOPE_REPAIRED = "crosstalk.repaired"
 #: The call-context key of the request's ASGI ``receive`` (a default wait watches it for a
 #: disconnect).
 RECEIVE_KEY = "crosstalk.receive"
+#: The call-context key of the message fields the body cap repaired (``Message.repaired``).
+REPAIRED_KEY = "crosstalk.repaired"
+#: The logger of the SDK's JSON-RPC dispatcher (:class:`_OneLinePerBadRequest`).
+SDK_DISPATCHER_LOGGER = "a2a.server.routes.jsonrpc_dispatcher"
 _TOKEN_CACHE_SECONDS = 1.0
 _MAX_TOKEN_LEN = 512
 #: An oversize body is read and discarded up to this many times the cap before answering, so
@@ -164,7 +173,9 @@ class BodyLimit:
     is answered with a JSON-RPC invalid-request error (HTTP 200), never a bare 413, so the
     client maps it to ``rejected``. The body is drained first so the client is never cut off
     mid-write. A body that is not UTF-8 gets the JSON-RPC parse error here (the SDK would
-    report it as an internal error, which a client must read as "unknown").
+    report it as an internal error, which a client must read as "unknown"); so does JSON the
+    SDK cannot parse (too deep, too long an integer), and a lone surrogate is repaired here
+    (:mod:`crosstalk.a2a.jsontext`). Each refusal logs one line.
     """
 
     def __init__(self, app: ASGIApp, *, limit: int) -> None:
@@ -186,12 +197,21 @@ class BodyLimit:
             return
         if scope.get("method") == "POST":
             try:
-                body.decode("utf-8")
+                text = body.decode("utf-8")
             except UnicodeDecodeError:
                 # JSON text is UTF-8 (RFC 8259): this is a parse error, not a server fault.
+                log.warning("A2A request refused: the body is not UTF-8")
                 await _send_json(send, 200, _jsonrpc_error_bytes(JSONParseError(
                     message="request body is not UTF-8")))
                 return
+            verdict = jsontext.inspect(text)
+            if verdict.error is not None:
+                log.warning("A2A request refused: %s", verdict.error.message)
+                await _send_json(send, 200, _jsonrpc_error_bytes(verdict.error))
+                return
+            if verdict.repaired:
+                body = verdict.text.encode("utf-8")
+                scope[SCOPE_REPAIRED] = verdict.repaired
         replayed = False
 
         async def replay() -> AsgiMessage:
@@ -274,7 +294,38 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
             ctx.state[SENDER_KEY] = sender
             ctx.user = _AgentUser(sender)
         ctx.state[RECEIVE_KEY] = request.receive
+        repaired = request.scope.get(SCOPE_REPAIRED)
+        if isinstance(repaired, tuple):
+            ctx.state[REPAIRED_KEY] = repaired
         return ctx
+
+
+def repaired_fields(context: ServerCallContext) -> tuple[str, ...]:
+    """The message fields whose lone surrogates the body cap replaced (``Message.repaired``)."""
+    repaired = context.state.get(REPAIRED_KEY, ())
+    return tuple(repaired) if isinstance(repaired, tuple) else ()
+
+
+class _OneLinePerBadRequest(logging.Filter):
+    """The SDK logs a malformed request twice: a traceback (``logger.exception``), then one
+    line with the JSON-RPC code and message it answers. The traceback says nothing the line
+    does not, and any local process can make the server write one per request; drop it. An
+    unhandled exception (a real fault) keeps its traceback."""
+
+    DROPPED = frozenset({"Failed to validate base JSON-RPC request",
+                         "Failed to parse request params"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.msg in self.DROPPED)
+
+
+_ONE_LINE = _OneLinePerBadRequest()
+
+
+def _one_line_per_bad_request() -> None:
+    sdk = logging.getLogger(SDK_DISPATCHER_LOGGER)
+    if _ONE_LINE not in sdk.filters:
+        sdk.addFilter(_ONE_LINE)
 
 
 # -- the app, the card, the listener -------------------------------------------------------
@@ -317,6 +368,7 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
     async def current_card(_card: pb.AgentCard) -> pb.AgentCard:
         return card()
 
+    _one_line_per_bad_request()
     routes = [
         *create_agent_card_routes(agent_card=card(), card_modifier=current_card),
         *create_jsonrpc_routes(request_handler=handler, rpc_url=RPC_PATH,
