@@ -1,5 +1,6 @@
-"""The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, the Agent Card, and
-the embedded uvicorn listener (seed §5 request path, up to the SDK's JSON-RPC dispatcher)::
+"""The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, and the Agent Card
+(seed §5 request path, up to the SDK's JSON-RPC dispatcher; the listener that serves it is
+:mod:`crosstalk.a2a.listener`)::
 
     bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding;
       JSON depth, integer size, lone surrogates: crosstalk.a2a.jsontext)
@@ -11,16 +12,12 @@ Agent Card route, the protobuf types. Nothing here knows about tasks or the rece
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import logging
-import socket
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 
-import uvicorn
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.jsonrpc_models import JSONParseError, JSONRPCError
@@ -328,7 +325,7 @@ def _one_line_per_bad_request() -> None:
         sdk.addFilter(_ONE_LINE)
 
 
-# -- the app, the card, the listener -------------------------------------------------------
+# -- the app and the card -------------------------------------------------------------------
 
 
 def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.AgentCard:
@@ -378,67 +375,3 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
         Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
         Middleware(BodyLimit, limit=max_body_bytes),
     ])
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside someone else's loop: it must not take over the process's signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-class Listener:
-    """The app on ``127.0.0.1:<free port>``, served by uvicorn in the running loop."""
-
-    def __init__(self) -> None:
-        self.url: str | None = None
-        self._server: _EmbeddedServer | None = None
-        self._serve_task: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None
-
-    async def start(self, app: ASGIApp) -> str:
-        """Bind, serve, and return the base URL once uvicorn has started."""
-        # proto=IPPROTO_TCP matters: asyncio turns Nagle off only on sockets whose proto says
-        # TCP, and with Nagle on, uvicorn's two-part responses on a keep-alive connection
-        # wait ~40 ms for the peer's delayed ACK (measured: card fetch 44 ms -> under 1 ms).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self._socket = sock
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_config=None, access_log=False,
-                                lifespan="off", ws="none", http="h11", server_header=False,
-                                timeout_graceful_shutdown=1)
-        server = _EmbeddedServer(config)
-        self._server = server
-        self._serve_task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if self._serve_task.done():
-                self._server = None
-                sock.close()
-                exc = self._serve_task.exception()
-                raise RuntimeError(f"the A2A listener did not start: {exc!r}")
-            await asyncio.sleep(0.005)
-        return self.url
-
-    async def stop(self) -> None:
-        """Stop uvicorn (requests in flight get its graceful second) and close the socket."""
-        if self._server is not None and self._serve_task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._serve_task
-        self._server = None
-        self._serve_task = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
