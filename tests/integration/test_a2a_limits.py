@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,36 +244,66 @@ async def _starved_agent(state: Path, sock_dir: Path, spare: int, log: Path) -> 
             await child.wait()
 
 
-def _log_lines(log: Path) -> list[str]:
-    return log.read_text(errors="replace").splitlines()
+@dataclass
+class LogRecord:
+    """One record of the child's log: its logger and its lines (a traceback included)."""
+
+    logger: str
+    lines: list[str]
 
 
-def _exhausted(lines: list[str]) -> list[str]:
-    return [line for line in lines if "EMFILE" in line or "Too many open files" in line
-            or "file descriptors" in line]
+def _records(log: Path) -> list[LogRecord]:
+    records: list[LogRecord] = []
+    for line in log.read_text(errors="replace").splitlines():
+        head = re.match(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): ", line)
+        if head is not None:
+            records.append(LogRecord(head.group(2), [line]))
+        elif records:
+            records[-1].lines.append(line)
+        else:
+            records.append(LogRecord("?", [line]))
+    return records
+
+
+#: The loggers that speak for accepting and serving A2A connections.
+LISTENING = ("asyncio", "crosstalk.ingress.accept", "crosstalk.a2a", "uvicorn", "a2a")
+
+
+def _exhausted(records: list[LogRecord]) -> list[LogRecord]:
+    return [r for r in records if r.logger.startswith(LISTENING)
+            and any("EMFILE" in x or "Too many open files" in x for x in r.lines)]
 
 
 @pytest.mark.slow
 async def test_running_out_of_descriptors_logs_once_and_service_resumes(
         tmp_path: Path) -> None:
     """An agent with 40 descriptors to spare and 150 idle connections at its A2A listener:
-    accept fails with EMFILE. That costs a bounded number of log lines (not one traceback per
-    attempt); a sender is served even then (an idle connection gives way), and once the
-    connections close, both the A2A listener and the uds ingress serve again."""
+    accept fails with EMFILE. That costs a bounded number of log lines (asyncio logged one
+    traceback per retry, and the retries multiplied); a sender is served even then (a waiting
+    connection gives way), and once the connections close, both the A2A listener and the uds
+    ingress serve again.
+
+    A uds sender that arrives while descriptors are short may be dropped: the ingress reads the
+    peer's ``/proc`` entry to identify it and gets EMFILE too (the uds ingress's own business);
+    what this test holds the uds ingress to is that its accept loop does not flood and comes
+    back."""
     with short_dir() as sock_dir:
         log = tmp_path / "agent.log"
         async with _starved_agent(tmp_path / "state", sock_dir, 40, log) as (_, ready):
             host, port = _address(ready["url"])
             idle = [await asyncio.open_connection(host, port) for _ in range(150)]
-            await eventually(lambda: _exhausted(_log_lines(log)), what="accept hit EMFILE",
+            await eventually(lambda: _exhausted(_records(log)), what="accept hit EMFILE",
                              timeout=BOUND)
             await asyncio.sleep(2)  # a flood, if there is one, has long started by now
+            # A uds sender arrives while no descriptor is free for it.
+            uds_probe = asyncio.create_task(exchange(
+                Path(ready["uds"]), auth(ready["uds_token"]) + user("probe"), timeout=BOUND))
             async with httpx.AsyncClient(timeout=BOUND) as http:
                 # Still short of descriptors: a waiting connection gives way to the sender.
                 during = await http.post(ready["url"] + "/", content=_send_body("during"),
                                          headers=_headers(ready["token"]))
                 await asyncio.sleep(1)
-                flooded = _log_lines(log)
+                flooded = _records(log)
                 for _, writer in idle:
                     writer.close()
                 after = await http.post(ready["url"] + "/", content=_send_body("after"),
@@ -279,9 +311,12 @@ async def test_running_out_of_descriptors_logs_once_and_service_resumes(
             for resp in (during, after):
                 assert resp.json()["result"]["task"]["status"]["state"] == (
                     "TASK_STATE_COMPLETED"), resp.text
+            with contextlib.suppress(OSError, TimeoutError):
+                await uds_probe
             raw, _ = await exchange(Path(ready["uds"]), auth(ready["uds_token"]) + user("uds"))
             assert [a["state"] for a in acks(raw)] == ["accepted"]
-        lines = _log_lines(log)
-    assert len(_exhausted(flooded)) <= 3, len(flooded)
-    assert len(lines) < 40, lines[:40]
-    assert not [line for line in lines if "Traceback" in line], lines[:40]
+        records = _records(log)
+    assert len(_exhausted(flooded)) <= 3, [r.lines[0] for r in flooded[:20]]
+    assert len(records) < 20, [r.lines[0] for r in records[:40]]
+    listening = [r for r in records if r.logger.startswith(LISTENING)]
+    assert not [r for r in listening if len(r.lines) > 1], [r.lines for r in listening]
