@@ -41,6 +41,8 @@ FAKES = Path(__file__).resolve().parents[1] / "support" / "fakes"
 REPO = Path(__file__).resolve().parents[2]
 #: How long any one wait may take before the test fails (a bound, not a measurement).
 BOUND = 30.0
+#: Rounds of sends under attack, half a second apart (five sends each).
+ROUNDS = 20
 
 
 @pytest.fixture
@@ -143,8 +145,9 @@ async def _event(process: asyncio.subprocess.Process) -> dict[str, Any]:
 async def test_slow_connections_cannot_shut_out_a_sender(
         tmp_path: Path, parties: tuple[Registry, Agent, Agent]) -> None:
     """400 slowloris connections, reopened as soon as they are closed, and a real sender
-    (the a2a-sdk client; on a kept-alive connection and on a fresh one per request) whose
-    every send succeeds throughout. The server never holds more than the cap."""
+    (the a2a-sdk client; on a kept-alive connection and on a new one per request) whose every
+    send succeeds throughout: 100 sends across ~10 s. The server never holds more than the
+    cap, and closes every one of the first 400 slow connections."""
     registry, bob, alice = parties
     node = make_node(registry, bob, tmp_path / "bob.jsonl")
     async with serving(node):
@@ -164,10 +167,12 @@ async def test_slow_connections_cannot_shut_out_a_sender(
                 max_keepalive_connections=0))
             async with sdk_client(node.url, alice.token) as (kept, kept_ctx), \
                     sdk_client(node.url, alice.token, http=fresh) as (new, new_ctx):
-                for i in range(20):
-                    client, ctx = (kept, kept_ctx) if i % 2 else (new, new_ctx)
-                    task = await send(client, ctx, a2a_text(f"legit {i}"))
-                    assert task.status.state == pb.TASK_STATE_COMPLETED, (i, task)
+                for i in range(ROUNDS):
+                    # One send on a kept-alive connection, and four on new ones at once.
+                    tasks = await asyncio.gather(
+                        send(kept, kept_ctx, a2a_text(f"legit {i}.0")),
+                        *(send(new, new_ctx, a2a_text(f"legit {i}.{j}")) for j in range(1, 5)))
+                    assert [t.status.state for t in tasks] == [pb.TASK_STATE_COMPLETED] * 5, i
                     await asyncio.sleep(0.5)
             await fresh.aclose()
             # The first 400 never finished a head: the server closed every one of them.
@@ -178,7 +183,8 @@ async def test_slow_connections_cannot_shut_out_a_sender(
             attacker.stdin.close()
             done = await _event(attacker)
             await attacker.wait()
-    assert node.fake.texts() == [f"legit {i}" for i in range(20)]
+    assert sorted(node.fake.texts()) == sorted(
+        f"legit {i}.{j}" for i in range(ROUNDS) for j in range(5))
     assert done["closed"] >= 400
     assert 0 < peak <= MAX_CONNECTIONS
 

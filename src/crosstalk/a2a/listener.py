@@ -13,12 +13,13 @@ h11's states after every event (:class:`BoundedH11Protocol`):
   SendMessage waits for delivery, and admission caps those waits); a response the client does
   not read is dropped after :data:`WRITE_TIMEOUT`.
 
-At most :data:`MAX_CONNECTIONS` connections are held (:class:`ConnectionSlots`). One more takes
-the slot of the connection that has waited longest for a request (first those that never
-finished one, as a slowloris never does, then idle kept-alive ones); if every connection is
-serving, the new one is closed at once, unread: its client sees a close before any response
-byte, which is safe to retry. So an attacker's connections only displace each other, never a
-request in progress, and a sender, whose head goes out as it connects, always gets a slot.
+At most :data:`MAX_CONNECTIONS` connections are held (:class:`ConnectionSlots`). One more is
+taken in with what it has already sent (the acceptor reads it as it accepts), then the
+connection that has waited longest for a request gives way: first those that never finished
+one, as a slowloris never does, then idle kept-alive ones. If every connection is serving, the
+new one is closed at once, unread: its client sees a close before any response byte, which is
+safe to retry. So an attacker's connections only displace each other, never a request in
+progress, and a sender, whose request goes out as it connects, is not the one that waits.
 Accepting goes through :class:`crosstalk.ingress.accept.Acceptor` (no EMFILE flood; when
 descriptors run out it sheds a waiting connection the same way).
 """
@@ -92,17 +93,26 @@ class ConnectionSlots:
 
     @property
     def serving(self) -> int:
+        """Held connections serving a whole request (they do not give way)."""
         return len(self._held) - len(self._fresh) - len(self._idle)
 
     def admit(self, conn: BoundedH11Protocol) -> bool:
-        """Give ``conn`` a slot, displacing a waiting connection if the cap is reached."""
-        if len(self._held) >= self.limit and not self.shed():
+        """Take ``conn`` in, unless the cap is reached and every connection is serving (then
+        it is refused before a byte of it is read). Above the cap, :meth:`restore` decides
+        who gives way once the newcomer's first bytes have been read."""
+        if len(self._held) >= self.limit and not (self._fresh or self._idle):
             self._log.warning("%s: all %d connections are serving; refused a new one",
-                              self.name, self.limit)
+                              self.name, len(self._held))
             return False
         self._held.add(conn)
-        self._fresh[conn] = None
         return True
+
+    def restore(self) -> None:
+        """Back to the cap: the longest-waiting connections give way. Called once a newcomer's
+        first bytes are read, so a newcomer that sent its request is never the one judged
+        "waiting"; one still waiting for its head is the newest in line, the last to go."""
+        while len(self._held) > self.limit and self.shed():
+            pass
 
     def wait(self, conn: BoundedH11Protocol, *, served: bool) -> None:
         """``conn`` now waits for a request (or its body): it may give way, in turn."""
@@ -138,10 +148,12 @@ class BoundedH11Protocol(H11Protocol):
 
     def __init__(self, config: uvicorn.Config, server_state: ServerState,
                  app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None,
-                 *, slots: ConnectionSlots, bounds: Bounds) -> None:
+                 *, slots: ConnectionSlots, bounds: Bounds, first: bytes = b"") -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.slots = slots
         self.bounds = bounds
+        #: What the peer had sent when it was accepted (read by the acceptor).
+        self.first = first
         self.phase: Phase | None = None
         self._served = False
         self._deadline: asyncio.TimerHandle | None = None
@@ -153,6 +165,11 @@ class BoundedH11Protocol(H11Protocol):
             transport.close()
             return
         self._track()
+        # The transport starts reading only after this returns, so these bytes come first.
+        first, self.first = self.first, b""
+        if first:
+            self.data_received(first)
+        self.slots.restore()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slots.release(self)
@@ -242,9 +259,9 @@ class _EmbeddedServer(uvicorn.Server):
         await self.lifespan.startup()
         loop = asyncio.get_running_loop()
 
-        def connection() -> asyncio.Protocol:
+        def connection(first: bytes) -> asyncio.Protocol:
             return BoundedH11Protocol(self.config, self.server_state, self.lifespan.state,
-                                      loop, slots=self.slots, bounds=self.bounds)
+                                      loop, slots=self.slots, bounds=self.bounds, first=first)
 
         acceptor = Acceptor(sockets[0], connection, name=self.slots.name,
                             backlog=self.config.backlog, shed=self.slots.shed)
