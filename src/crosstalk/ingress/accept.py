@@ -42,7 +42,7 @@ RETRY_MAX = 1.0
 RETRY_AFTER_SHED = 0.01
 #: Connections taken per readiness event (asyncio takes 100). Few, so that under a flood of
 #: new connections the ones already taken are read before many more arrive: a connection that
-#: is made to give way is judged by what it sent (measured: with 100, 1.7-2.7 % of a sender's
+#: is made to give way is judged by what it sent (measured: with 100, 2-4 % of a sender's
 #: fresh connections were displaced before their request was read, under 400 reconnecting
 #: slowloris connections; with 8, none of 500). 8 a loop turn is still thousands a second.
 ACCEPTS_PER_EVENT = 8
