@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,8 +160,8 @@ def _check_jsonrpc(resp: httpx.Response, auth: str) -> dict[str, Any]:
 
 
 async def _setup(tmp: Path, registry: Registry, bob: Agent, alice: Agent,
-                 carol: Agent) -> Env:
-    node = make_node(registry, bob, tmp / "bob.jsonl", limits=FUZZ_LIMITS,
+                 carol: Agent, *, limits: Limits = FUZZ_LIMITS) -> Env:
+    node = make_node(registry, bob, tmp / "bob.jsonl", limits=limits,
                      max_wait_seconds=0.05)
     await node.lane.start()
     app = node.server.build_app(base_url="http://bob.test")
@@ -335,3 +336,227 @@ async def _raw_exchange(host: str, port: int, raw: bytes) -> bytes:
         return await asyncio.wait_for(reader.read(), 10)
     finally:
         writer.close()
+
+
+# -- bad JSON: answered as the invalid request it is, one log line (issue 12, item 7) -----------
+
+#: What a JSON-RPC error's message must never carry: Python's own words.
+INTERNALS = ("recursion", "set_int_max_str_digits", "Traceback", "Error:", "sys.", "line ")
+
+
+def _rpc(method: str, params: bytes | str) -> bytes:
+    raw = params.encode() if isinstance(params, str) else params
+    return b'{"jsonrpc":"2.0","id":7,"method":"' + method.encode() + b'","params":' + raw + b"}"
+
+
+def _send_with_text(text_json: str, *, message_id: str | None = None,
+                    metadata: str | None = None) -> bytes:
+    """A SendMessage body whose text part is the given JSON text (escapes kept as written)."""
+    mid = json.dumps(message_id or new_message_id())
+    meta = f',"metadata":{metadata}' if metadata is not None else ""
+    return _rpc("SendMessage", '{"message":{"messageId":' + mid + ',"role":"ROLE_USER",'
+                '"parts":[{"text":' + text_json + "}]" + meta + "}}")
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+BAD_JSON = {
+    "nested 1500 deep in params": _rpc("SendMessage", _nested(1500)),
+    "nested 100k deep at the top": _nested(100_000).encode(),
+    "nested 1500 deep in metadata": _send_with_text('"hi"', metadata='{"k":' + _nested(1500)
+                                                     + "}"),
+    "5000-digit id": b'{"jsonrpc":"2.0","id":' + b"1" * 5000 + b',"method":"GetTask",'
+                     b'"params":{"id":"x"}}',
+    "5000-digit param": _rpc("GetTask", '{"id":"x","historyLength":' + "9" * 5000 + "}"),
+    "5000-digit negative in metadata": _send_with_text('"hi"', metadata='{"n":-' + "7" * 5000
+                                                        + "}"),
+}
+
+
+@pytest.fixture
+def real_node(tmp_path: Path, parties: tuple[Registry, Agent, Agent, Agent]) -> Iterator[
+        tuple[Node, Agent]]:
+    registry, bob, alice, _ = parties
+    node = make_node(registry, bob, tmp_path / "bob.jsonl")
+    yield node, alice
+    node.journal.close()
+
+
+async def _post_raw(url: str, token: str, body: bytes) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as http:
+        resp = await http.post(url + "/", content=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+            "A2A-Version": "1.0"})
+    assert resp.status_code == 200, resp.text[:300]
+    parsed: dict[str, Any] = resp.json()
+    return parsed
+
+
+def _one_line_each(records: list[logging.LogRecord], requests: int) -> None:
+    """Each malformed request leaves one log line, and none carries a traceback."""
+    mine = [r for r in records if r.name.startswith(("a2a", "crosstalk", "uvicorn"))]
+    assert [r for r in mine if r.exc_info] == [], [r.getMessage()[:200] for r in mine]
+    assert len(mine) == requests, [r.getMessage()[:200] for r in mine]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_JSON))
+def test_bad_json_is_an_invalid_request_not_an_internal_error(
+        real_node: tuple[Node, Agent], case: str, caplog: pytest.LogCaptureFixture) -> None:
+    node, alice = real_node
+
+    async def run() -> dict[str, Any]:
+        url = await node.start()
+        try:
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                answer = await _post_raw(url, alice.token, BAD_JSON[case])
+                records = list(caplog.records)
+            probe = await _post_raw(url, alice.token, _send_with_text('"still there?"'))
+            assert probe["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        finally:
+            await node.stop()
+        _one_line_each(records, 1)
+        return answer
+
+    answer = asyncio.run(run())
+    error = answer["error"]
+    assert error["code"] == -32600, error  # a request we refuse, never "internal" (-32603)
+    assert not any(word in error["message"] for word in INTERNALS), error
+    [info] = error["data"]
+    assert info["metadata"]["reason"] in ("too_deep", "number_too_long"), error
+    assert info["metadata"]["crosstalk.state"] == "rejected"
+    assert node.fake.writes == [] or node.fake.texts() == ["still there?"]
+
+
+def test_nesting_up_to_the_limit_and_long_floats_are_accepted(
+        real_node: tuple[Node, Agent]) -> None:
+    """The checks refuse only what the SDK could not take: metadata nested to the limit and
+    a number with many digits after the point (a float, which Python parses fine) pass."""
+    node, alice = real_node
+    deep = '{"k":' * 28 + "1" + "}" * 28  # + params, message, metadata = 31 levels
+
+    async def run() -> list[dict[str, Any]]:
+        url = await node.start()
+        try:
+            return [await _post_raw(url, alice.token, _send_with_text('"deep"', metadata=deep)),
+                    await _post_raw(url, alice.token, _send_with_text(
+                        '"float"', metadata='{"f":0.' + "3" * 5000 + "}"))]
+        finally:
+            await node.stop()
+
+    for answer in asyncio.run(run()):
+        assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", answer
+    assert node.fake.texts() == ["deep", "float"]
+
+
+def test_malformed_params_log_one_line_without_a_traceback(
+        real_node: tuple[Node, Agent], caplog: pytest.LogCaptureFixture) -> None:
+    node, alice = real_node
+    bodies = [_rpc("SendMessage", '{"message":{"messageId":"m","role":"ROLE_USER",'
+                   '"parts":"not a list"}}'),
+              _rpc("SendMessage", '{"message":7}'),
+              b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1,2]}',
+              b'[{"jsonrpc":"2.0"}, 1]',
+              b'"just a string"',
+              b'{"jsonrpc":',
+              ]
+
+    async def run() -> list[dict[str, Any]]:
+        url = await node.start()
+        try:
+            with caplog.at_level(logging.INFO):
+                return [await _post_raw(url, alice.token, body) for body in bodies]
+        finally:
+            await node.stop()
+
+    caplog.clear()
+    answers = asyncio.run(run())
+    codes = [a["error"]["code"] for a in answers]
+    assert codes == [-32602, -32602, -32602, -32600, -32600, -32700], answers
+    records = [r for r in caplog.records if r.name.startswith("a2a")]
+    _one_line_each(records, len(bodies))
+
+
+def test_a_lone_surrogate_escape_is_repaired_and_delivered(
+        real_node: tuple[Node, Agent]) -> None:
+    """``"\\ud83d"`` (half an emoji, as JavaScript writes it) reaches the session as U+FFFD
+    and the receiver journals the repair; a valid pair stays the character it encodes."""
+    node, alice = real_node
+
+    async def run() -> dict[str, Any]:
+        url = await node.start()
+        try:
+            return await _post_raw(url, alice.token, _send_with_text(
+                r'"half \ud83d, stray \ude00, whole \ud83d\ude00, literal \\ud83d"'))
+        finally:
+            await node.stop()
+
+    answer = asyncio.run(run())
+    task = answer["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", answer
+    assert node.fake.texts() == ["half \ufffd, stray \ufffd, whole \U0001f600, literal \\ud83d"]
+    [record] = [r for r in node.records()
+                if r.get("subject") == "message" and r.get("state") == "submitted"]
+    assert record["repaired"] == ["text"]
+
+
+def test_a_lone_surrogate_in_a_message_id_is_refused_not_merged(
+        real_node: tuple[Node, Agent]) -> None:
+    """Repairing an id could make two different ids one (and the second message a "retry" of
+    the first): an id with a lone surrogate is an invalid parameter, and nothing is journaled."""
+    node, alice = real_node
+
+    async def run() -> dict[str, Any]:
+        url = await node.start()
+        try:
+            body = _send_with_text('"hi"', message_id="placeholder").replace(
+                b'"placeholder"', b'"id-\\ud83d"')
+            return await _post_raw(url, alice.token, body)
+        finally:
+            await node.stop()
+
+    answer = asyncio.run(run())
+    assert answer["error"]["code"] == -32602, answer
+    assert answer["error"]["data"][0]["metadata"]["reason"] == "bad_message_id", answer
+    assert node.fake.writes == []
+    assert [r for r in node.records() if r.get("subject") == "message"] == []
+
+
+def test_fuzz_depth_digits_and_surrogates_never_read_as_internal(
+        tmp_path: Path, parties: tuple[Registry, Agent, Agent, Agent]) -> None:
+    """Any nesting, any integer length, any surrogate escape: a definite answer, never -32603
+    (which a client must read as "maybe delivered"), and never Python's words."""
+    registry, bob, alice, carol = parties
+    with asyncio.Runner() as runner:
+        env = runner.run(_setup(tmp_path, registry, bob, alice, carol, limits=Limits(
+            max_body_bytes=64 * 1024, max_pending_tasks=100_000, max_open_asks=100_000)))
+
+        @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(depth=st.integers(0, 3000), digits=st.integers(1, 6000),
+               where=st.sampled_from(["params", "metadata", "id", "text"]),
+               surrogate=st.sampled_from(["", "\\ud800", "\\udfff", "\\ud83d\\ude00"]))
+        def one(depth: int, digits: int, where: str, surrogate: str) -> None:
+            number = "4" * digits
+            nest = "[" * depth + number + "]" * depth
+            body = {
+                "params": _rpc("SendMessage", nest),
+                "metadata": _send_with_text('"m' + surrogate + '"',
+                                            metadata='{"x":' + nest + "}"),
+                "id": b'{"jsonrpc":"2.0","id":' + number.encode() + b',"method":"GetTask",'
+                      b'"params":{"id":"' + surrogate.encode() + b'"}}',
+                "text": _send_with_text('"t' + surrogate + '"'),
+            }[where]
+            answer = runner.run(_post(env, "good", body))
+            if "error" in answer:
+                assert answer["error"]["code"] != -32603, answer
+                assert not any(w in answer["error"]["message"] for w in INTERNALS), answer
+            runner.run(_still_serving(env, full=False))
+
+        one()
+        runner.run(_still_serving(env, full=True))
+        runner.run(env.http.aclose())
+        runner.run(env.node.stop())
+    env.node.journal.close()

@@ -1,7 +1,9 @@
-"""The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, the Agent Card, and
-the embedded uvicorn listener (seed §5 request path, up to the SDK's JSON-RPC dispatcher)::
+"""The A2A server's HTTP side: the ASGI app, its bearer guard and body cap, and the Agent Card
+(seed §5 request path, up to the SDK's JSON-RPC dispatcher; the listener that serves it is
+:mod:`crosstalk.a2a.listener`)::
 
-    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding)
+    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding;
+      JSON depth, integer size, lone surrogates: crosstalk.a2a.jsontext)
       →  SDK JSON-RPC dispatcher  →  :class:`crosstalk.a2a.handler.CrossTalkRequestHandler`
 
 The SDK does the wire: JSON-RPC parsing and error mapping (``create_jsonrpc_routes``), the
@@ -10,15 +12,12 @@ Agent Card route, the protobuf types. Nothing here knows about tasks or the rece
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
-import socket
+import logging
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 
-import uvicorn
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.jsonrpc_models import JSONParseError, JSONRPCError
@@ -38,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as AsgiMessage
 
 from crosstalk import __version__
-from crosstalk.a2a import wire
+from crosstalk.a2a import jsontext, wire
 from crosstalk.a2a.taskstore import SENDER_KEY
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT
@@ -46,13 +45,20 @@ from crosstalk.core.states import MessageState
 from crosstalk.store.registry import Descriptor, Registry
 
 M = MessageState
+log = logging.getLogger(__name__)
 
 RPC_PATH = "/"
 #: The ASGI scope key the bearer guard puts the verified sender under.
 SCOPE_SENDER = "crosstalk.sender"
+#: The ASGI scope key the body cap puts the fields it repaired under (lone surrogates).
+SCOPE_REPAIRED = "crosstalk.repaired"
 #: The call-context key of the request's ASGI ``receive`` (a default wait watches it for a
 #: disconnect).
 RECEIVE_KEY = "crosstalk.receive"
+#: The call-context key of the message fields the body cap repaired (``Message.repaired``).
+REPAIRED_KEY = "crosstalk.repaired"
+#: The logger of the SDK's JSON-RPC dispatcher (:class:`_OneLinePerBadRequest`).
+SDK_DISPATCHER_LOGGER = "a2a.server.routes.jsonrpc_dispatcher"
 _TOKEN_CACHE_SECONDS = 1.0
 _MAX_TOKEN_LEN = 512
 #: An oversize body is read and discarded up to this many times the cap before answering, so
@@ -164,7 +170,9 @@ class BodyLimit:
     is answered with a JSON-RPC invalid-request error (HTTP 200), never a bare 413, so the
     client maps it to ``rejected``. The body is drained first so the client is never cut off
     mid-write. A body that is not UTF-8 gets the JSON-RPC parse error here (the SDK would
-    report it as an internal error, which a client must read as "unknown").
+    report it as an internal error, which a client must read as "unknown"); so does JSON the
+    SDK cannot parse (too deep, too long an integer), and a lone surrogate is repaired here
+    (:mod:`crosstalk.a2a.jsontext`). Each refusal logs one line.
     """
 
     def __init__(self, app: ASGIApp, *, limit: int) -> None:
@@ -186,12 +194,21 @@ class BodyLimit:
             return
         if scope.get("method") == "POST":
             try:
-                body.decode("utf-8")
+                text = body.decode("utf-8")
             except UnicodeDecodeError:
                 # JSON text is UTF-8 (RFC 8259): this is a parse error, not a server fault.
+                log.warning("A2A request refused: the body is not UTF-8")
                 await _send_json(send, 200, _jsonrpc_error_bytes(JSONParseError(
                     message="request body is not UTF-8")))
                 return
+            verdict = jsontext.inspect(text)
+            if verdict.error is not None:
+                log.warning("A2A request refused: %s", verdict.error.message)
+                await _send_json(send, 200, _jsonrpc_error_bytes(verdict.error))
+                return
+            if verdict.repaired:
+                body = verdict.text.encode("utf-8")
+                scope[SCOPE_REPAIRED] = verdict.repaired
         replayed = False
 
         async def replay() -> AsgiMessage:
@@ -274,10 +291,41 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
             ctx.state[SENDER_KEY] = sender
             ctx.user = _AgentUser(sender)
         ctx.state[RECEIVE_KEY] = request.receive
+        repaired = request.scope.get(SCOPE_REPAIRED)
+        if isinstance(repaired, tuple):
+            ctx.state[REPAIRED_KEY] = repaired
         return ctx
 
 
-# -- the app, the card, the listener -------------------------------------------------------
+def repaired_fields(context: ServerCallContext) -> tuple[str, ...]:
+    """The message fields whose lone surrogates the body cap replaced (``Message.repaired``)."""
+    repaired = context.state.get(REPAIRED_KEY, ())
+    return tuple(repaired) if isinstance(repaired, tuple) else ()
+
+
+class _OneLinePerBadRequest(logging.Filter):
+    """The SDK logs a malformed request twice: a traceback (``logger.exception``), then one
+    line with the JSON-RPC code and message it answers. The traceback says nothing the line
+    does not, and any local process can make the server write one per request; drop it. An
+    unhandled exception (a real fault) keeps its traceback."""
+
+    DROPPED = frozenset({"Failed to validate base JSON-RPC request",
+                         "Failed to parse request params"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.msg in self.DROPPED)
+
+
+_ONE_LINE = _OneLinePerBadRequest()
+
+
+def _one_line_per_bad_request() -> None:
+    sdk = logging.getLogger(SDK_DISPATCHER_LOGGER)
+    if _ONE_LINE not in sdk.filters:
+        sdk.addFilter(_ONE_LINE)
+
+
+# -- the app and the card -------------------------------------------------------------------
 
 
 def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.AgentCard:
@@ -317,6 +365,7 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
     async def current_card(_card: pb.AgentCard) -> pb.AgentCard:
         return card()
 
+    _one_line_per_bad_request()
     routes = [
         *create_agent_card_routes(agent_card=card(), card_modifier=current_card),
         *create_jsonrpc_routes(request_handler=handler, rpc_url=RPC_PATH,
@@ -326,67 +375,3 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
         Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
         Middleware(BodyLimit, limit=max_body_bytes),
     ])
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside someone else's loop: it must not take over the process's signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-class Listener:
-    """The app on ``127.0.0.1:<free port>``, served by uvicorn in the running loop."""
-
-    def __init__(self) -> None:
-        self.url: str | None = None
-        self._server: _EmbeddedServer | None = None
-        self._serve_task: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None
-
-    async def start(self, app: ASGIApp) -> str:
-        """Bind, serve, and return the base URL once uvicorn has started."""
-        # proto=IPPROTO_TCP matters: asyncio turns Nagle off only on sockets whose proto says
-        # TCP, and with Nagle on, uvicorn's two-part responses on a keep-alive connection
-        # wait ~40 ms for the peer's delayed ACK (measured: card fetch 44 ms -> under 1 ms).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self._socket = sock
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_config=None, access_log=False,
-                                lifespan="off", ws="none", http="h11", server_header=False,
-                                timeout_graceful_shutdown=1)
-        server = _EmbeddedServer(config)
-        self._server = server
-        self._serve_task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if self._serve_task.done():
-                self._server = None
-                sock.close()
-                exc = self._serve_task.exception()
-                raise RuntimeError(f"the A2A listener did not start: {exc!r}")
-            await asyncio.sleep(0.005)
-        return self.url
-
-    async def stop(self) -> None:
-        """Stop uvicorn (requests in flight get its graceful second) and close the socket."""
-        if self._server is not None and self._serve_task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._serve_task
-        self._server = None
-        self._serve_task = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None

@@ -54,7 +54,7 @@ from google.protobuf.json_format import MessageToDict
 from starlette.types import Message as AsgiMessage
 
 from crosstalk.a2a import wire
-from crosstalk.a2a.asgi import RECEIVE_KEY
+from crosstalk.a2a.asgi import RECEIVE_KEY, repaired_fields
 from crosstalk.a2a.control import ClaimHandler, control_answer
 from crosstalk.a2a.errors import (
     invalid_params,
@@ -192,7 +192,8 @@ class CrossTalkRequestHandler(RequestHandler):
                 delivery=fields.delivery, in_reply_to=fields.in_reply_to,
                 context_id=context_id, task_id=task_id,
                 deadline_seconds=fields.deadline_seconds if fields.kind is Kind.ASK else 0,
-                hop_chain=fields.hop_chain, sent_at=self.receiver.clock())
+                hop_chain=fields.hop_chain, sent_at=self.receiver.clock(),
+                repaired=repaired_fields(context))
             try:
                 admitted = self.receiver.admit(msg)
             except ReceiverUnavailable as exc:
@@ -328,7 +329,8 @@ class CrossTalkRequestHandler(RequestHandler):
                 delivery=fields.delivery, in_reply_to=fields.in_reply_to,
                 context_id=stored.task.context_id, task_id=task_id, continuation=True,
                 deadline_seconds=fields.deadline_seconds if fields.kind is Kind.ASK else 0,
-                hop_chain=fields.hop_chain, sent_at=self.receiver.clock())
+                hop_chain=fields.hop_chain, sent_at=self.receiver.clock(),
+                repaired=repaired_fields(context))
             try:
                 admitted = self.receiver.admit(msg)  # policy runs again (seed 23)
             except ReceiverUnavailable as exc:

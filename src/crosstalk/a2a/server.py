@@ -3,8 +3,8 @@
 The server is three parts, cut the way a2a-python cuts its own (routes · request handler ·
 tasks · store):
 
-- :mod:`crosstalk.a2a.asgi` — the ASGI app: bearer guard, body cap, Agent Card, the embedded
-  uvicorn listener;
+- :mod:`crosstalk.a2a.asgi` — the ASGI app: bearer guard, body cap, Agent Card; served by
+  :mod:`crosstalk.a2a.listener` (uvicorn in the loop, with connection bounds and a cap);
 - :mod:`crosstalk.a2a.handler` — the A2A methods, driving the receiver chain
   (:mod:`crosstalk.receiver`); control requests are answered by :mod:`crosstalk.a2a.control`;
 - :mod:`crosstalk.a2a.tasks` — the task book: each task derived from its messages' entries
@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 from crosstalk.a2a import asgi
 from crosstalk.a2a.control import ClaimHandler
 from crosstalk.a2a.handler import CrossTalkRequestHandler
+from crosstalk.a2a.listener import Listener
 from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import JournalTaskStore
 from crosstalk.config import RETENTION_SECONDS
@@ -55,7 +56,8 @@ class A2AServer:
                  lane: Lane, limits: Limits | None = None, description: str | None = None,
                  max_wait_seconds: float = 900.0, expire_asks: bool = True,
                  retention_seconds: float = RETENTION_SECONDS,
-                 claim_handler: ClaimHandler | None = None) -> None:
+                 claim_handler: ClaimHandler | None = None,
+                 listener: Listener | None = None) -> None:
         if agent_id != receiver.agent_id:
             raise ValueError("the server and its receiver must belong to one agent")
         self.receiver = receiver
@@ -73,7 +75,8 @@ class A2AServer:
             claim_handler=claim_handler)
         self.tokens = asgi.BearerTokens(registry)
         self.url = "http://127.0.0.1"
-        self._listener = asgi.Listener()
+        #: What serves the app (``listener``, else one with the default bounds and cap).
+        self.listener = listener or Listener()
         self._app: Starlette | None = None
         receiver.listeners.append(self.book.on_entry)
 
@@ -102,7 +105,7 @@ class A2AServer:
 
     def build_app(self, base_url: str | None = None) -> Starlette:
         """The ASGI app: public Agent Card + bearer-guarded, body-capped JSON-RPC endpoint."""
-        if base_url is not None and not self._listener.serving:
+        if base_url is not None and not self.listener.serving:
             self.url = base_url.rstrip("/")
         if self._app is None:
             self._app = asgi.build_app(handler=self.handler, card=self.agent_card,
@@ -112,13 +115,13 @@ class A2AServer:
 
     async def start(self) -> str:
         """Serve on ``127.0.0.1:<free port>`` in the running loop; returns the base URL."""
-        if self._listener.serving:
+        if self.listener.serving:
             return self.url
         self.handler.start()
         self.book.stopping = False
         if self.book.on_entry not in self.receiver.listeners:
             self.receiver.listeners.append(self.book.on_entry)  # started again after a stop
-        self.url = await self._listener.start(self.build_app())
+        self.url = await self.listener.start(self.build_app())
         return self.url
 
     async def stop(self) -> None:
@@ -131,7 +134,7 @@ class A2AServer:
         """
         self.handler.stop()
         self.book.stopping = True
-        await self._listener.stop()
+        await self.listener.stop()
         if self.book.on_entry in self.receiver.listeners:
             self.receiver.listeners.remove(self.book.on_entry)
 

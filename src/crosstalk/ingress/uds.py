@@ -54,6 +54,7 @@ from typing import Any, Protocol
 from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.ingress.accept import Acceptor, serve_streams
 from crosstalk.ingress.budget import MAX_CONNECTIONS, Conn, Connections
 from crosstalk.ingress.claude_wire import (
     FIRST_LINE_TIMEOUT,
@@ -140,7 +141,7 @@ class UdsIngress:
         self.max_connections = max_connections
         #: Where control frames (Claude's receipts) go; they are never messages.
         self.control = control
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None
         self._conns = Connections(max_connections, str(self.path))
         self._closing = False
         self._token: str | None = None
@@ -189,9 +190,9 @@ class UdsIngress:
             os.chmod(self.path, PRIVATE_FILE_MODE)  # the 0700 directory guards the gap
             st = os.lstat(self.path)
             self._socket_id = (st.st_dev, st.st_ino)
-            # Bytes, not characters, bound the reader: a character is at most 4 UTF-8 bytes.
-            self._server = await asyncio.start_unix_server(
-                self._on_connect, sock=sock, limit=4 * self.max_line + 8)
+            # start_unix_server without its EMFILE log flood; the bound is in bytes (4 per char)
+            self._server = serve_streams(self._on_connect, sock, name=f"uds ingress {self.path}",
+                                         limit=4 * self.max_line + 8)
         except BaseException:
             sock.close()
             self._remove_files()
