@@ -1,4 +1,4 @@
-"""What a uds ingress connection costs, and why (issue 12; ADR 0012).
+"""What a uds ingress connection costs, and why (issue 12; ADR 0013).
 
 - **The cap counts readers only.** :data:`MAX_CONNECTIONS` bounds the connections that have
   not yet delivered their frame. Once it is in hand a connection leaves the cap: a receipt or

@@ -29,7 +29,7 @@ injection's outcome — never given at admission, where ``accepted`` would not y
 uds message a crash leaves ``submitted`` is recovered, never injected: seed R2) — so its sender
 waits, outside the cap but under the receiver's wait limit: beyond ``Limits.max_waits`` a new
 frame is refused before admission (``rejected``, ``too_many_waits``, nothing journaled). A retry
-of an admitted message is answered from the past and needs no wait. ADR 0012.
+of an admitted message is answered from the past and needs no wait. ADR 0013.
 
 Identity comes only from the transport (peer pid + start time → descriptor); what a frame says
 about itself (``msg_id``, ``from``, ``priority``, ``session_id``, envelope attributes) is kept as
