@@ -15,6 +15,9 @@ Why each rule exists:
 - **Replay never raises on damage.** A partial trailing line is discarded (it was never
   acknowledged: writers hold the lock until their fsync returns); a corrupt line mid-file is
   skipped and reported as :class:`Damage`; the journal keeps serving.
+- **Replay can stream.** ``replay(each=...)`` hands each record to ``each`` as it is decoded
+  and keeps none: a restart folds a 24 h journal (20k messages, 35 MB, ~220 MB as a list of
+  dicts) in memory bounded by the read chunk, not by the journal (issue 12, item 6).
 - **Two writers never interleave.** Appends take an ``flock`` on a sidecar lock file (which is
   never renamed or unlinked, so every process locks the same inode) and write with
   ``O_APPEND``; a writer that finds the file grew under it catches up before assigning ``seq``.
@@ -92,8 +95,13 @@ class Damage:
     reason: str  # "checksum" | "framing" | "json" | "oversize" | "torn_tail"
 
 
+#: Takes one replayed record (``Journal.replay(each=...)``).
+RecordSink = Callable[[dict[str, Any]], None]
+
+
 @dataclass
 class Replay:
+    #: Every intact record in order; empty when they were streamed to ``each`` instead.
     records: list[dict[str, Any]] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
     #: Byte offset just past the last complete line.
@@ -134,6 +142,7 @@ class Journal:
         self._last_seq = 0
         self._truncate_to: int | None = None  # set when a rollback truncate failed
         self._wedged_data = b""  # the bytes that failed append tried to write
+        self._streaming = False  # a replay is handing records to its ``each``
         with self._locked():
             self._open_locked()
 
@@ -163,6 +172,10 @@ class Journal:
         with self._mutex:
             if self._lock_fd < 0:
                 raise JournalError(f"journal {self.path} is closed")
+            if self._streaming:
+                # Only a replay's own ``each`` gets here (the mutex is re-entrant; another
+                # thread waits above): taking the flock again would release it mid-replay.
+                raise JournalError(f"journal {self.path}: in use by a streaming replay")
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -186,12 +199,15 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _catch_up_locked(self, collect: Replay | None, limit: int | None = None) -> None:
+    def _catch_up_locked(self, collect: Replay | None, limit: int | None = None,
+                         each: RecordSink | None = None) -> None:
         """Account for everything in the file since ``_offset``; drop a torn tail.
 
         Called under the lock before every append, so a second writer's records (or a file
         replaced by another process's retention) are seen before we assign the next ``seq``.
         ``limit`` stops the scan early (at a failed append that could not be cut off yet).
+        A replay (``collect``) reads from the start and keeps each record, or hands it to
+        ``each``; an append only needs the highest ``seq`` and keeps nothing.
         """
         self._reopen_if_replaced_locked()
         size = os.fstat(self._fd).st_size
@@ -202,8 +218,8 @@ class Journal:
         reading = collect is not None
         if not reading and size == self._offset:
             return
-        # While appending, the records seen are only the few new ones another writer added.
         sink = collect if collect is not None else Replay()
+        take = each if each is not None else sink.records.append if reading else None
         start = 0 if reading else self._offset
         end = start
         for line, decoded in whole_writes(scan_lines(self._fd, start, size, self._max_line)):
@@ -214,7 +230,8 @@ class Journal:
             seq = decoded.get("seq")
             if isinstance(seq, int) and seq > self._last_seq:
                 self._last_seq = seq
-            sink.records.append(decoded)
+            if take is not None:
+                take(decoded)
         if end < size:
             # A fragment with no newline: a writer died mid-line. It was never acknowledged.
             sink.damage.append(Damage(end, size - end, "torn_tail"))
@@ -243,12 +260,18 @@ class Journal:
             if not reading:
                 raise
 
-    def replay(self) -> Replay:
+    def replay(self, each: RecordSink | None = None) -> Replay:
         """Every intact record in order, plus what was skipped.
 
         Never raises on damage, nor on a repair it cannot make: if a failed append (or a torn
         tail) cannot be cut off yet, replay reads only up to it and appends keep refusing
         until the cut succeeds.
+
+        With ``each``, every record is handed to it as it is read and none is kept
+        (``records`` stays empty): memory stays bounded by the read chunk whatever the
+        journal's size. ``each`` runs under the journal's lock, so it must not write to this
+        journal (any call from it that takes the lock raises :class:`JournalError`); an
+        exception it raises ends the replay and propagates.
         """
         with self._locked():
             limit = None
@@ -258,7 +281,16 @@ class Journal:
                 limit = self._truncate_to
             result = Replay()
             self._last_seq = 0
-            self._catch_up_locked(result, limit)
+            self._streaming = each is not None
+            try:
+                self._catch_up_locked(result, limit, each)
+            except BaseException:
+                # Cut off mid-file: what was counted is partial, so the next append rescans
+                # from the start rather than assign a seq from a partial count.
+                self._offset, self._last_seq = 0, 0
+                raise
+            finally:
+                self._streaming = False
             return result
 
     # -- writing ---------------------------------------------------------------------------
