@@ -149,12 +149,11 @@ class Agent:
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
             # One streaming pass for every reader of the journal (issue 12, item 6).
-            kept = Kept((ClaimRecord, ReplyStaged, ReplyEnded))
+            claims, replies = Kept((ClaimRecord,)), Kept((ReplyStaged, ReplyEnded))
             restorer, tasks = self.receiver.restorer(), TaskReplay()
-            self.journal.replay(replay_into([kept, restorer, tasks]))
-            records = kept.records
-            self.claim = claim_state(records)
-            self.reply_states = reply_state(records)
+            self.journal.replay(replay_into([claims, replies, restorer, tasks]))
+            self.claim = claim_state(claims.records)
+            self.reply_states = reply_state(replies.records)
             resumable = restorer.finish()
             self.lane = DispatchLane(self.receiver, self.group)
             await self.lane.start()
@@ -164,7 +163,7 @@ class Agent:
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, lane=self.lane,
                                  limits=self.limits)
-            self._wire_claims(records)
+            self._wire_claims(claims.records)
             self.a2a.restore(tasks, resumable)
             url = await self.a2a.start()
             cred = reg.issue_credential()
