@@ -202,10 +202,11 @@ async def child_start(home: Path, runtime: Path) -> dict[str, float]:
     reg = Registry(home)
     agent = Agent(reg, AgentSpec(FakeHarness(name=HARNESS), SESSION, "/b", "receiver"),
                   env={"XDG_RUNTIME_DIR": str(runtime)})
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     await agent.start()
-    took = time.perf_counter() - t
-    print(json.dumps({"ready": True, "start_seconds": took}), flush=True)
+    took, cpu = time.perf_counter() - t, time.process_time() - cpu
+    print(json.dumps({"ready": True, "start_seconds": took, "start_cpu_seconds": cpu}),
+          flush=True)
     entries = len(agent.receiver.entries) if agent.receiver else 0
     tasks = len(agent.a2a.store.all()) if agent.a2a else 0
     print(json.dumps({"entries": entries, "tasks": tasks}), flush=True)
@@ -291,13 +292,14 @@ def main() -> None:
              entries=starts[-1].get("entries"), tasks=starts[-1].get("tasks"),
              start_seconds_median=_median(starts, "start_seconds"),
              start_seconds_max=round(max(s["start_seconds"] for s in starts), 3),
+             start_cpu_seconds_median=_median(starts, "start_cpu_seconds"),
              spawn_to_ready_median=_median(starts, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in starts), 1),
              baseline="baseline_raw_read_split")
 
 
 def _median(reports: list[dict[str, Any]], key: str) -> float:
-    return round(statistics.median(r[key] for r in reports), 3)
+    return round(float(statistics.median(r[key] for r in reports)), 3)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ _ROLES = frozenset(pb.Role.Name(r) for r in (pb.ROLE_USER, pb.ROLE_AGENT))
 _TASK_KEYS = frozenset({"id", "contextId", "status", "metadata"})
 _STATUS_KEYS = frozenset({"state", "timestamp", "message"})
 _MESSAGE_KEYS = frozenset({"messageId", "contextId", "taskId", "role", "parts", "metadata"})
-#: What MessageToDict writes for a Timestamp (0, 3, 6 or 9 digits; the parse takes 0-9).
-_TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.\d{1,9})?Z")
+#: What MessageToDict writes for a Timestamp (0, 3, 6 or 9 digits; the parse takes 0-9),
+#: with each field in range; a day past the 28th is checked against its month.
+_TIMESTAMP = re.compile(r"(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+                        r"T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?Z")
 
 
 def plain_state(task: Mapping[str, Any], task_id: str) -> TaskState | None:
@@ -91,11 +93,14 @@ def _timestamp(value: object) -> bool:
     found = _TIMESTAMP.fullmatch(value) if isinstance(value, str) else None
     if found is None:
         return False
+    year, month, day = found.groups()
+    if year == "0000":
+        return False
+    if day <= "28":
+        return True
     try:
-        # Exactly the fields strptime("%Y-%m-%dT%H:%M:%S") reads, and the dates it refuses
-        # (month 13, February 30, second 60, year 0) are the ones datetime refuses.
-        year, month, day, hour, minute, second = (int(g) for g in found.groups())
-        datetime.datetime(year, month, day, hour, minute, second)
+        # The dates strptime("%Y-%m-%dT%H:%M:%S") refuses past the 28th are datetime's.
+        datetime.date(int(year), int(month), int(day))
     except ValueError:
         return False
     return True
