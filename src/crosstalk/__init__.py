@@ -8,7 +8,8 @@ questions about processes and sockets, and everything that speaks a wire protoco
 from crosstalk._version import __version__
 from crosstalk.core.ids import agent_id_for, new_message_id
 from crosstalk.core.naming import fallback_name, name_candidates
-from crosstalk.store.journal import Journal, JournalError, Replay
+from crosstalk.store.journal import Journal, JournalError
+from crosstalk.store.journal_read import Replay
 from crosstalk.store.registry import Descriptor, Registration, Registry
 
 __all__ = [

@@ -412,6 +412,12 @@ class Receiver:
         :func:`crosstalk.recovery.restore`. Returns the A2A first messages to resume."""
         return recovery.restore(self, records)
 
+    def restorer(self) -> recovery.Restore:
+        """The receiver's reader for a replay it shares with other readers (an agent's
+        start reads its journal once for all of them); its ``finish()`` then does what
+        :meth:`restore` does after reading."""
+        return recovery.Restore(self)
+
     async def resume(self, entry: Inbound) -> Result:
         """Re-run an A2A first message from policy, dispatch included (seed R2)."""
         msg = entry.message

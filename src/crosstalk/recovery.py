@@ -11,6 +11,11 @@ Then, for this conversation's binding:
 - an A2A first message left ``submitted`` is returned for the A2A layer to resume (re-running
   the chain from policy); a stranded A2A continuation stays ``submitted``;
 - an open ask of another conversation is closed (no reply can come from this one).
+
+:class:`Restore` is the receiver's reader of a replay shared with the other readers of a
+restart (:func:`crosstalk.core.replay.replay_into`): entries are rebuilt as the records stream
+by, and a message body (:class:`~crosstalk.core.message.Message`) is rebuilt only for the few
+messages still ``submitted`` at the end, not for every message the journal holds.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from crosstalk.core.records import (
     MessageFinal,
     MessageRecord,
     MessageSubmitted,
+    Record,
+    Unreadable,
 )
-from crosstalk.core.replay import Folder
+from crosstalk.core.replay import Violation, replay_into
 from crosstalk.core.states import AskEvent, AskState, MessageEvent, MessageState
 from crosstalk.inbound import Inbound
 
@@ -45,17 +52,91 @@ def restore(receiver: Receiver, records: Iterable[Mapping[str, Any]]) -> list[In
     """Rebuild ``receiver`` from ``records`` and settle them (the module's rules); return
     the A2A first messages still ``submitted`` in this conversation, for the A2A layer to
     resume (re-running the chain from policy, dispatch included)."""
-    folder = Folder()
+    reader = Restore(receiver)
+    each = replay_into([reader])
     for raw in records:
-        record, violation = folder.step(raw)
+        each(raw)
+    return reader.finish()
+
+
+class Restore:
+    """The receiver's reader of a replay (:class:`~crosstalk.core.replay.Reader`).
+
+    :meth:`step` only rebuilds memory (it runs while the journal streams, so it never
+    writes); :meth:`finish` settles, writing to the journal, and returns what resumes.
+    """
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+        #: The first record of each message still ``submitted``: its body, rebuilt at the end.
+        self._bodies: dict[str, MessageSubmitted] = {}
+        # Entries share equal senders and binding dicts (nothing writes either): thousands
+        # of messages from a few senders under one binding need not each hold a copy.
+        self._senders: dict[Sender, Sender] = {}
+        self._bindings: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
+
+    def step(self, raw: Mapping[str, Any], record: Record | Unreadable,
+             violation: Violation | None) -> None:
+        receiver = self.receiver
         if violation is not None:
             log.warning("receiver %s: journal record not adopted: %s", receiver.agent_id,
                         violation)
             receiver.replay_violations.append(violation)
-        elif isinstance(record, MessageSubmitted | MessageFinal | MessageChange):
-            _restore_message(receiver, record)
-        elif isinstance(record, AskOpened | AskEnded):
+        elif isinstance(record, _MESSAGE_RECORDS):
+            entry = receiver.entries.get(record.id)
+            if entry is None:
+                receiver.entries[record.id] = self._entry(record)
+                if isinstance(record, MessageSubmitted):
+                    self._bodies[record.id] = record
+            else:
+                _restore_message(entry, record)
+                if entry.state is not M.SUBMITTED:
+                    self._bodies.pop(record.id, None)
+        elif isinstance(record, _ASK_RECORDS):
             _restore_ask(receiver, record)
+
+    def finish(self) -> list[Inbound]:
+        """Settle what the records left open (the module's rules); the A2A first messages to
+        resume."""
+        receiver = self.receiver
+        for message_id, first in self._bodies.items():
+            receiver.entries[message_id].message = first.message()
+        self._bodies.clear()
+        return _settle(receiver)
+
+    def _entry(self, rec: MessageRecord) -> Inbound:
+        """A message's entry from its first record (its ``message`` waits for
+        :meth:`finish`)."""
+        if isinstance(rec, MessageChange):
+            # Its first record is gone (retention trimmed an old head, or a damaged
+            # line): what the state says is all there is.
+            return Inbound(rec.id, Sender(None), "inform", rec.state, Ingress.A2A.value,
+                           reason=rec.reason, arrived_at=rec.ts)
+        submitted = rec if isinstance(rec, MessageSubmitted) else None
+        sender = self._senders.setdefault(rec.sender, rec.sender)
+        return Inbound(rec.id, sender, rec.kind, rec.state, sender.ingress.value,
+                       reason=rec.reason if isinstance(rec, MessageFinal) else None,
+                       task_id=rec.task_id,
+                       continuation=submitted is not None and submitted.continuation,
+                       binding=self._binding(rec.binding),
+                       deadline_seconds=(submitted.deadline_seconds
+                                         if submitted is not None else 0),
+                       arrived_at=rec.ts)
+
+    def _binding(self, binding: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if binding is None:
+            return None
+        key = tuple(binding.items())
+        try:
+            shared = self._bindings.get(key)
+        except TypeError:  # a value that does not hash (not one the receiver writes)
+            return dict(binding)
+        if shared is None:
+            shared = self._bindings[key] = dict(binding)
+        return shared
+
+
+def _settle(receiver: Receiver) -> list[Inbound]:
     resumable: list[Inbound] = []
     for entry in receiver.entries.values():
         here = receiver.binding is not None and receiver.binding.same_conversation(entry.binding)
@@ -98,27 +179,12 @@ def _settle_submitted(receiver: Receiver, entry: Inbound, here: bool,
     # A stranded A2A continuation stays submitted: neither resumed nor surfaced (R2).
 
 
-def _restore_message(receiver: Receiver, rec: MessageRecord) -> None:
-    entry = receiver.entries.get(rec.id)
-    if entry is None:
-        if isinstance(rec, MessageChange):
-            # Its first record is gone (retention trimmed an old head, or a damaged
-            # line): what the state says is all there is.
-            entry = Inbound(rec.id, Sender(None), "inform", rec.state, Ingress.A2A.value,
-                          reason=rec.reason, arrived_at=rec.ts)
-        else:
-            submitted = rec if isinstance(rec, MessageSubmitted) else None
-            entry = Inbound(rec.id, rec.sender, rec.kind, rec.state, rec.sender.ingress.value,
-                          reason=rec.reason if isinstance(rec, MessageFinal) else None,
-                          task_id=rec.task_id,
-                          continuation=submitted is not None and submitted.continuation,
-                          binding=dict(rec.binding) if rec.binding is not None else None,
-                          message=submitted.message() if submitted is not None else None,
-                          deadline_seconds=(submitted.deadline_seconds
-                                            if submitted is not None else 0),
-                          arrived_at=rec.ts)
-        receiver.entries[rec.id] = entry
-        return
+_MESSAGE_RECORDS = (MessageSubmitted, MessageFinal, MessageChange)
+_ASK_RECORDS = (AskOpened, AskEnded)
+
+
+def _restore_message(entry: Inbound, rec: MessageRecord) -> None:
+    """A later record of a message that has its entry."""
     entry.state = rec.state
     entry.reason = None if isinstance(rec, MessageSubmitted) else rec.reason
     entry.evidence = rec.evidence if isinstance(rec, MessageChange) else None

@@ -18,7 +18,8 @@ from crosstalk.core.ids import new_message_id
 from crosstalk.core.states import AskState, MessageState
 from crosstalk.harness.base import Receipt
 from crosstalk.harness.fake import FakeHarness, Step
-from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal import Journal
+from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import AgentBusy, Registry
 
 pytestmark = pytest.mark.anyio

@@ -26,7 +26,8 @@ from crosstalk.core.policy import PRIMARY, SUBAGENT, ControlResult
 from crosstalk.core.records import CLAIM
 from crosstalk.core.states import MessageState
 from crosstalk.harness.fake import FakeHarness, Step
-from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal import Journal
+from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
 from tests.support.a2a import (
     make_node,

@@ -18,7 +18,8 @@ from crosstalk.core.records import MessageChange, NudgeRecord
 from crosstalk.core.states import MessageState
 from crosstalk.harness.codex import control_socket
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal import Journal
+from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
 from tests.support.agents import plant_dead_agent, register_agent
 from tests.support.claude import FakeClaude

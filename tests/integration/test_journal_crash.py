@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal import Journal
 from crosstalk.store.journal_format import decode_line
+from crosstalk.store.journal_read import read_journal
 
 ACK = struct.Struct("<qqq")  # 24 bytes: well under PIPE_BUF, so a pipe write is atomic
 READY = ACK.pack(-1, -1, -1)  # the child has opened and replayed the journal

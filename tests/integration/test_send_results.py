@@ -35,7 +35,7 @@ from crosstalk.cli.send import EXIT_NO_TARGET, run_send
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META, FakeIdentifier
 from crosstalk.shim.roster import Shim
 from crosstalk.shim.tools import Tools
-from crosstalk.store.journal import read_journal
+from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
 from tests.support.a2a import (
     Agent,

@@ -25,8 +25,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from crosstalk.store.journal import Journal, read_journal
+from crosstalk.store.journal import Journal
 from crosstalk.store.journal_format import decode_line, encode_line
+from crosstalk.store.journal_read import read_journal
 
 DAY = 24 * 3600.0
 

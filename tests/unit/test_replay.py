@@ -26,7 +26,8 @@ from crosstalk.core.states import AskState, MessageState, ReplyState, TaskState
 from crosstalk.harness.base import Binding
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.receiver import Receiver, message_record
-from crosstalk.store.journal import Journal, audit_journal
+from crosstalk.store.journal import Journal
+from crosstalk.store.journal_read import audit_journal
 
 M = MessageState
 ALICE = Sender("a1" * 8, name="alice", ingress=Ingress.A2A)

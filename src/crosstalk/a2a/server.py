@@ -28,7 +28,7 @@ from crosstalk.a2a.control import ClaimHandler
 from crosstalk.a2a.handler import CrossTalkRequestHandler
 from crosstalk.a2a.listener import Listener
 from crosstalk.a2a.tasks import Lane, TaskBook
-from crosstalk.a2a.taskstore import JournalTaskStore
+from crosstalk.a2a.taskstore import JournalTaskStore, TaskReplay
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Sender
@@ -151,7 +151,7 @@ class A2AServer:
 
     # -- tasks -------------------------------------------------------------------------
 
-    def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
+    def restore(self, records: Iterable[Mapping[str, Any]] | TaskReplay | None = None,
                 resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 

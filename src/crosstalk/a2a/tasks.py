@@ -22,6 +22,7 @@ open asks' deadlines are armed on the agent's dispatch lane, which expires them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,8 +33,10 @@ from a2a.utils.errors import InternalError
 
 from crosstalk.a2a import wire
 from crosstalk.a2a.taskstore import (
+    Body,
     JournalTaskStore,
     StoredTask,
+    TaskReplay,
     TaskStoreError,
     copy_task,
     is_terminal,
@@ -41,10 +44,11 @@ from crosstalk.a2a.taskstore import (
 )
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import Kind, Message, Sender
-from crosstalk.core.records import AskOpened, MessageSubmitted, parse_record
+from crosstalk.core.replay import replay_into
 from crosstalk.core.states import DELIVERED, AskState, IllegalTransition, MessageState, TaskState
 from crosstalk.core.tasks import TaskMessage, TaskView, derive_task
 from crosstalk.receiver import Inbound, Receiver
+from crosstalk.recovery import Restore
 from crosstalk.store.journal import JournalError
 
 log = logging.getLogger(__name__)
@@ -271,37 +275,36 @@ class TaskBook:
                 continue
             self.lane.arm(mid, deadline)
 
-    def restore(self, records: Iterable[Mapping[str, Any]] | None = None,
+    def restore(self, records: Iterable[Mapping[str, Any]] | TaskReplay | None = None,
                 resumable: Sequence[Inbound] | None = None) -> list[Inbound]:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
-        ``records`` default to ``receiver.journal.replay()``. ``resumable`` is what
-        ``receiver.restore(records)`` returned; if it is ``None`` this method restores the
-        receiver itself (so call it exactly once per receiver, here or by the owner).
+        ``records`` default to one streaming ``receiver.journal.replay()``; a
+        :class:`~crosstalk.a2a.taskstore.TaskReplay` is what a replay shared with the other
+        readers of a start already read. ``resumable`` is what the receiver's restore
+        returned; if it is ``None`` this method restores the receiver itself in the same
+        pass (so call it exactly once per receiver, here or by the owner).
 
         Terminal tasks older than the retention window are dropped, open ones kept; outcomes
         the receiver journaled after a task's last record are applied; A2A first messages
         still ``submitted`` are re-run from policy, dispatch included, in the lane; open asks
-        get their deadline timers back.
+        get their deadline timers back. A finished task stays unparsed, its history rebuilt
+        on its first read.
         """
-        recs = list(records) if records is not None else self.receiver.journal.replay().records
-        self.store.load(recs, now=self.receiver.clock(),
+        replayed, restorer = self._replay(records, resumable)
+        self.store.load(replayed, now=self.receiver.clock(),
                         retention_seconds=self.retention_seconds)
-        if resumable is None:
-            resumable = self.receiver.restore(recs)
-        bodies = self._scan_records(recs)
-        for stored in self.store.all():
-            task = copy_task(stored.task)
-            del task.history[:]
-            task.history.extend(rebuilt_history(stored, bodies, self.receiver))
-            self.store.put(task, owner=stored.owner, refs=stored.refs, durable=False)
-            if not is_terminal(stored.state):
-                self.receiver.admission.pending_tasks.add(stored.task.id)
+        if restorer is not None:
+            resumable = restorer.finish()
+        assert resumable is not None
+        self._ask_deadlines.update(replayed.ask_deadlines)
+        bodies = replayed.bodies
+        self._restore_histories(bodies)
         for entry in resumable:
             if self.store.task_for_message(entry.message_id) is None:
                 self._adopt(entry, bodies.get(entry.message_id))
         for stored in self.store.all():
-            self.apply(stored.task.id)
+            self.apply(stored.id)
         resumed = [e for e in resumable if self.store.task_for_message(e.message_id)]
         for entry in resumed:
             self.lane.submit(entry, resume=True)
@@ -310,20 +313,46 @@ class TaskBook:
             self.arm_deadlines(stored)
         return resumed
 
-    def _scan_records(self, recs: Sequence[Mapping[str, Any]]) -> dict[str, Message]:
-        """Message bodies (to rebuild histories) and open asks' deadlines, from the journal."""
-        bodies: dict[str, Message] = {}
-        for raw in recs:
-            rec = parse_record(raw)
-            if isinstance(rec, MessageSubmitted):
-                msg = rec.message()
-                if msg is not None:
-                    bodies[msg.message_id] = msg
-            elif isinstance(rec, AskOpened) and rec.deadline_at is not None:
-                self._ask_deadlines[rec.id] = rec.deadline_at
-        return bodies
+    def _replay(self, records: Iterable[Mapping[str, Any]] | TaskReplay | None,
+                resumable: Sequence[Inbound] | None) -> tuple[TaskReplay, Restore | None]:
+        """The task replay :meth:`restore` works from, and the receiver's restore if it is
+        to run too (in the same pass over the records; its settling comes later)."""
+        if isinstance(records, TaskReplay):
+            if resumable is None:
+                raise ValueError("a TaskReplay comes with the receiver's resumable messages")
+            return records, None
+        replayed = TaskReplay()
+        restorer = self.receiver.restorer() if resumable is None else None
+        each = replay_into([replayed] if restorer is None else [replayed, restorer])
+        if records is None:
+            self.receiver.journal.replay(each)
+        else:
+            for raw in records:
+                each(raw)
+        return replayed, restorer
 
-    def _adopt(self, entry: Inbound, msg: Message | None) -> None:
+    def _restore_histories(self, bodies: Mapping[str, Body]) -> None:
+        """Each loaded task's history, from its messages' journaled bodies (the record
+        leaves it out); a finished task's waits for its first read."""
+        for stored in self.store.all():
+            refs = list(dict.fromkeys(stored.refs))
+            answered = any((e := self.receiver.entries.get(m)) is not None
+                           and e.ask is AskState.ANSWERED for m in refs)
+            firsts = tuple((m, bodies.get(m)) for m in refs)
+            if not stored.parsed and is_terminal(stored.state):
+                # Nothing changes a finished task, so reading it later reads the same.
+                stored.refs, stored.updated_at = refs, self.receiver.clock()
+                stored.history = functools.partial(restored_history, firsts=firsts,
+                                                   answered=answered)
+                continue
+            task = copy_task(stored.task)
+            del task.history[:]
+            task.history.extend(restored_history(task, firsts, answered))
+            self.store.put(task, owner=stored.owner, refs=stored.refs, durable=False)
+            if not is_terminal(stored.state):
+                self.receiver.admission.pending_tasks.add(stored.id)
+
+    def _adopt(self, entry: Inbound, msg: Body | None) -> None:
         """A first message journaled before its task record (a crash in between): its task."""
         owner = entry.sender.agent_id
         if msg is None or owner is None:
@@ -364,7 +393,7 @@ def stamp(task: pb.Task, now: float) -> None:
     task.status.timestamp.FromNanoseconds(int(now * 1_000_000_000))
 
 
-def history_message(msg: Message, task_id: str, context_id: str) -> pb.Message:
+def history_message(msg: Message | Body, task_id: str, context_id: str) -> pb.Message:
     out = pb.Message(message_id=msg.message_id, context_id=context_id, task_id=task_id,
                      role=pb.ROLE_USER, parts=[pb.Part(text=msg.text)])
     out.metadata.update(wire.encode_request_metadata(
@@ -374,20 +403,19 @@ def history_message(msg: Message, task_id: str, context_id: str) -> pb.Message:
     return out
 
 
-def rebuilt_history(stored: StoredTask, bodies: Mapping[str, Message],
-                     receiver: Receiver) -> list[pb.Message]:
+def restored_history(task: pb.Task, firsts: Sequence[tuple[str, Body | None]],
+                     answered: bool) -> list[pb.Message]:
+    """A loaded task's history: each of its messages (``firsts``: id and journaled body, in
+    order), then the answer, if an ask of it was answered."""
     out: list[pb.Message] = []
-    for mid in stored.refs:
-        body = bodies.get(mid)
+    for mid, body in firsts:
         if body is not None:
-            out.append(history_message(body, stored.task.id, stored.task.context_id))
+            out.append(history_message(body, task.id, task.context_id))
         else:
-            out.append(pb.Message(message_id=mid, context_id=stored.task.context_id,
-                                  task_id=stored.task.id, role=pb.ROLE_USER))
-    status = stored.task.status
-    if status.HasField("message") and status.message.role == pb.ROLE_AGENT and any(
-            (receiver.entries.get(m) is not None
-             and receiver.entries[m].ask is AskState.ANSWERED) for m in stored.refs):
+            out.append(pb.Message(message_id=mid, context_id=task.context_id,
+                                  task_id=task.id, role=pb.ROLE_USER))
+    status = task.status
+    if answered and status.HasField("message") and status.message.role == pb.ROLE_AGENT:
         out.append(status.message)
     return out
 

@@ -20,6 +20,13 @@ Why it is shaped like this:
   empty history; the server rebuilds it from the message records.
 - Tasks are scoped to their **owner** (the verified sender that created them): a caller never
   sees, continues or cancels another principal's task (seed 17h, 23).
+- **A loaded task is parsed when it is first read.** A restart reads the task records as the
+  journal streams by (:class:`TaskReplay`, one reader of the shared replay) and keeps, per
+  task, the latest record's JSON; ``ParseDict`` (and the history rebuild) runs on the first
+  access of :attr:`StoredTask.task`, so a 24 h journal's thousands of finished tasks cost
+  nothing until someone asks for one. Whether a record reads is still decided at load, the
+  cheap way for the shape ``put`` writes (:mod:`crosstalk.a2a.taskjson`), by a parse for
+  anything else (issue 12, item 6).
 
 The class is also a plain SDK :class:`~a2a.server.tasks.TaskStore`, so anything written against
 that interface works on it; the owner then comes from the call context's verified sender.
@@ -30,8 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
@@ -46,10 +52,18 @@ from a2a.utils.task import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
+from crosstalk.a2a.taskjson import plain_state
 from crosstalk.config import RETENTION_SECONDS
-from crosstalk.core.message import Sender
-from crosstalk.core.records import TaskDeleted, TaskRecord
-from crosstalk.core.replay import Folder
+from crosstalk.core.message import DeliveryMode, Kind, Sender
+from crosstalk.core.records import (
+    AskOpened,
+    MessageSubmitted,
+    Record,
+    TaskDeleted,
+    TaskRecord,
+    Unreadable,
+)
+from crosstalk.core.replay import Violation, replay_into
 from crosstalk.core.states import Subject, TaskState, machine, task_next
 from crosstalk.core.tasks import TASK_EVENT_FOR
 from crosstalk.store.journal import Journal
@@ -113,20 +127,110 @@ def copy_task(task: pb.Task) -> pb.Task:
     return out
 
 
-@dataclass
-class StoredTask:
-    """One task as the store holds it in memory (the full task, history included)."""
+#: Rebuilds a loaded task's history once its JSON is parsed (the A2A task book's).
+HistoryOf = Callable[[pb.Task], Sequence[pb.Message]]
 
-    task: pb.Task
-    owner: str
-    #: Message ids of the task, oldest first: the first message, then accepted continuations.
-    refs: list[str] = field(default_factory=list)
-    #: Journal ``ts`` of the latest record (retention of terminal tasks on restart).
-    updated_at: float = 0.0
+
+class Body(NamedTuple):
+    """What a task's history needs of one journaled message: the fields of its
+    :class:`~crosstalk.core.message.Message` a history entry shows, without the sender,
+    binding and claims its record also carries (a restart keeps one per message)."""
+
+    message_id: str
+    text: str
+    kind: Kind
+    delivery: DeliveryMode
+    deadline_seconds: int
+    in_reply_to: str | None
+    hop_chain: tuple[str, ...]
+    task_id: str | None
+    context_id: str | None
+
+    @classmethod
+    def of(cls, rec: MessageSubmitted) -> Body | None:
+        """The body ``rec`` holds; ``None`` exactly when ``rec.message()`` is (no text, or a
+        kind or delivery that is not ours). Read off the record: building the whole message
+        for each of a journal's thousands cost a tenth of a restart."""
+        kind, delivery = _KINDS.get(rec.kind), _DELIVERIES.get(rec.delivery)
+        if rec.text is None or kind is None or delivery is None:
+            return None
+        return cls(rec.id, rec.text, kind, delivery, rec.deadline_seconds, rec.in_reply_to,
+                   rec.hop_chain, rec.task_id, rec.context_id)
+
+
+_KINDS: Mapping[str, Kind] = {k.value: k for k in Kind}
+_DELIVERIES: Mapping[str, DeliveryMode] = {d.value: d for d in DeliveryMode}
+
+
+class StoredTask:
+    """One task as the store holds it in memory (the full task, history included).
+
+    A task loaded from the journal may still be its record's JSON (:meth:`unread`): it is
+    parsed, and its history rebuilt, on the first read of :attr:`task`. Its state, owner and
+    refs are known without that.
+    """
+
+    __slots__ = ("_raw", "_state", "_task", "history", "id", "owner", "refs", "updated_at")
+
+    def __init__(self, task: pb.Task, owner: str, refs: list[str] | None = None,
+                 updated_at: float = 0.0) -> None:
+        self._fill(task.id, task, owner, refs, updated_at)
+
+    @classmethod
+    def unread(cls, task_id: str, raw: Mapping[str, Any], *, state: TaskState, owner: str,
+               refs: list[str], updated_at: float) -> StoredTask:
+        """A task kept as the JSON of its record (:func:`~crosstalk.a2a.taskjson.plain_state`
+        vouched that it reads, in ``state``)."""
+        stored = cls.__new__(cls)
+        stored._fill(task_id, None, owner, refs, updated_at)
+        stored._raw, stored._state = raw, state
+        return stored
+
+    def _fill(self, task_id: str, task: pb.Task | None, owner: str, refs: list[str] | None,
+              updated_at: float) -> None:
+        self.id = task_id
+        self._task = task
+        self._raw: Mapping[str, Any] | None = None
+        self._state: TaskState | None = None
+        self.owner = owner
+        #: Message ids of the task, oldest first: the first message, then continuations.
+        self.refs: list[str] = refs if refs is not None else []
+        #: Journal ``ts`` of the latest record (retention of terminal tasks on restart).
+        self.updated_at = updated_at
+        #: Set on an unread task: its history, rebuilt when it is parsed.
+        self.history: HistoryOf | None = None
+
+    @property
+    def task(self) -> pb.Task:
+        if self._task is None:
+            self._task = self._parse()
+        return self._task
+
+    @property
+    def parsed(self) -> bool:
+        """Whether :attr:`task` exists as a protobuf yet (a loaded task waits for its first
+        read)."""
+        return self._task is not None
 
     @property
     def state(self) -> TaskState:
+        if self._task is None and self._state is not None:
+            return self._state
         return task_state(self.task)
+
+    def _parse(self) -> pb.Task:
+        raw, self._raw = self._raw or {}, None
+        history, self.history = self.history, None
+        try:
+            task = ParseDict(dict(raw), pb.Task(), ignore_unknown_fields=True)
+        except (ParseError, ValueError, TypeError) as exc:  # plain_state vouched it reads
+            log.error("task record for %s did not read after all (%s); serving its state "
+                      "only", self.id, exc)
+            task = pb.Task(id=self.id, status=pb.TaskStatus(
+                state=wire_state(self._state or TaskState.FAILED)))
+        if history is not None:
+            task.history.extend(history(task))
+        return task
 
 
 class JournalTaskStore(TaskStore):
@@ -202,42 +306,30 @@ class JournalTaskStore(TaskStore):
                 if self._by_message.get(mid) == task_id:
                     del self._by_message[mid]
 
-    def load(self, records: Iterable[Mapping[str, Any]], *, now: float | None = None,
+    def load(self, records: Iterable[Mapping[str, Any]] | TaskReplay, *,
+             now: float | None = None,
              retention_seconds: float = RETENTION_SECONDS) -> list[StoredTask]:
         """Rebuild memory from journal records (no writes); the latest record per task wins.
 
-        Terminal tasks whose last change is older than the retention window are dropped;
-        open ones are always kept. Unreadable records are skipped. Returns what was kept.
+        ``records`` is the journal's records, or a :class:`TaskReplay` that read them as a
+        replay streamed by. Terminal tasks whose last change is older than the retention
+        window are dropped; open ones are always kept. Unreadable records are skipped.
+        Returns what was kept; tasks whose record vouched for its JSON stay unparsed.
         """
         now = self._clock() if now is None else now
-        latest: dict[str, StoredTask] = {}
-        folder = Folder()
-        for raw in records:
-            rec, violation = folder.step(raw)
-            if isinstance(rec, TaskDeleted):
-                latest.pop(rec.id, None)
-                continue
-            if not isinstance(rec, TaskRecord) or not rec.id:
-                continue
-            if violation is not None:
-                log.warning("not adopting task record: %s", violation)
-                continue
-            if rec.owner is None or rec.task is None:
-                continue
-            try:
-                task = ParseDict(dict(rec.task), pb.Task(), ignore_unknown_fields=True)
-                task_state(task)
-            except (ParseError, TaskStoreError, ValueError, TypeError) as exc:
-                log.warning("skipping unreadable task record for %s: %s", rec.id, exc)
-                continue
-            if task.id != rec.id:
-                continue
-            latest[rec.id] = StoredTask(task, rec.owner, list(rec.refs),
-                                        rec.ts if rec.ts is not None else now)
+        if isinstance(records, TaskReplay):
+            replayed = records
+        else:
+            replayed = TaskReplay()
+            each = replay_into([replayed])
+            for raw in records:
+                each(raw)
         self._tasks.clear()
         self._by_message.clear()
         kept: list[StoredTask] = []
-        for tid, stored in latest.items():
+        for tid, stored in replayed.latest.items():
+            if tid in replayed.undated:
+                stored.updated_at = now
             if is_terminal(stored.state) and stored.updated_at < now - retention_seconds:
                 continue
             self._tasks[tid] = stored
@@ -308,3 +400,59 @@ class JournalTaskStore(TaskStore):
 def _sort_key(task: pb.Task) -> tuple[bool, int, str]:
     has_ts = task.HasField("status") and task.status.HasField("timestamp")
     return has_ts, task.status.timestamp.ToNanoseconds() if has_ts else 0, task.id
+
+
+class TaskReplay:
+    """What the A2A layer reads from a journal on restart, as a replay streams by (a
+    :class:`~crosstalk.core.replay.Reader`): the latest readable record of each task, the
+    bodies of submitted messages (task histories are rebuilt from them) and open asks'
+    deadlines. :meth:`JournalTaskStore.load` takes it in place of the records."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, StoredTask] = {}
+        #: Tasks whose latest record has no ``ts``: dated by the load (older journals).
+        self.undated: set[str] = set()
+        #: The body of the last ``submitted`` record of each message id that has one.
+        self.bodies: dict[str, Body] = {}
+        self.ask_deadlines: dict[str, float] = {}
+
+    def step(self, raw: Mapping[str, Any], record: Record | Unreadable,
+             violation: Violation | None) -> None:
+        if isinstance(record, MessageSubmitted):
+            body = Body.of(record)
+            if body is not None:
+                self.bodies[record.id] = body
+        elif isinstance(record, AskOpened):
+            if record.deadline_at is not None:
+                self.ask_deadlines[record.id] = record.deadline_at
+        elif isinstance(record, TaskDeleted):
+            self.latest.pop(record.id, None)
+            self.undated.discard(record.id)
+        elif isinstance(record, TaskRecord) and record.id:
+            if violation is not None:
+                log.warning("not adopting task record: %s", violation)
+                return
+            stored = self._stored(record)
+            if stored is not None:
+                self.latest[record.id] = stored
+                if record.ts is None:
+                    self.undated.add(record.id)
+                else:
+                    self.undated.discard(record.id)
+
+    def _stored(self, rec: TaskRecord) -> StoredTask | None:
+        if rec.owner is None or rec.task is None:
+            return None
+        updated_at = rec.ts if rec.ts is not None else 0.0
+        if plain_state(rec.task, rec.id) is rec.state:
+            return StoredTask.unread(rec.id, rec.task, state=rec.state, owner=rec.owner,
+                                     refs=list(rec.refs), updated_at=updated_at)
+        try:
+            task = ParseDict(dict(rec.task), pb.Task(), ignore_unknown_fields=True)
+            task_state(task)
+        except (ParseError, TaskStoreError, ValueError, TypeError) as exc:
+            log.warning("skipping unreadable task record for %s: %s", rec.id, exc)
+            return None
+        if task.id != rec.id:
+            return None
+        return StoredTask(task, rec.owner, list(rec.refs), updated_at)

@@ -26,6 +26,7 @@ import httpx
 from crosstalk import proc
 from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
+from crosstalk.a2a.taskstore import TaskReplay
 from crosstalk.agent import claims, outbound, replies
 from crosstalk.agent.claims import claim_state
 from crosstalk.agent.lane import DispatchLane
@@ -37,7 +38,8 @@ from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.message import Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import ClaimState, ControlResult, TargetRole
-from crosstalk.core.records import ReceiptRecord, Record
+from crosstalk.core.records import ClaimRecord, ReceiptRecord, Record, ReplyEnded, ReplyStaged
+from crosstalk.core.replay import Kept, replay_into
 from crosstalk.core.states import MessageState, ReplyState
 from crosstalk.harness.base import (
     Binding,
@@ -143,9 +145,6 @@ class Agent:
             jpath = journal_path(self.registry.home, self.agent_id)
             ensure_private_dir(jpath.parent)
             self.journal = Journal(jpath, clock=self.clock)
-            records = self.journal.replay().records
-            self.claim = claim_state(records)
-            self.reply_states = reply_state(records)
             uds_path = uds_path_for(self.registry.home, self.agent_id, self.env)
             binding = Binding(spec.harness.name, spec.session_ref, spec.endpoint,
                               new_instance_id())
@@ -153,7 +152,13 @@ class Agent:
                                      harness=spec.harness, binding=binding, limits=self.limits,
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
-            resumable = self.receiver.restore(records)
+            # One streaming pass for every reader of the journal (issue 12, item 6).
+            claims, replies = Kept((ClaimRecord,)), Kept((ReplyStaged, ReplyEnded))
+            restorer, tasks = self.receiver.restorer(), TaskReplay()
+            self.journal.replay(replay_into([claims, replies, restorer, tasks]))
+            self.claim = claim_state(claims.records)
+            self.reply_states = reply_state(replies.records)
+            resumable = restorer.finish()
             self.lane = DispatchLane(self.receiver, self.group)
             await self.lane.start()
             self.uds = UdsIngress(uds_path, self.receiver, self.registry, lane=self.lane,
@@ -162,8 +167,8 @@ class Agent:
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, lane=self.lane,
                                  limits=self.limits)
-            self._wire_claims(records)
-            self.a2a.restore(records, resumable)
+            self._wire_claims(claims.records)
+            self.a2a.restore(tasks, resumable)
             url = await self.a2a.start()
             cred = reg.issue_credential()
             pid, started = own_process_identity()
@@ -306,7 +311,7 @@ class Agent:
         except ReceiverUnavailable as exc:
             log.warning("agent %s: receipt not applied: %s", self.agent_id, exc)
 
-    def _wire_claims(self, records: list[dict[str, Any]]) -> None:
+    def _wire_claims(self, records: Sequence[Mapping[str, Any]]) -> None:
         """At start, after the A2A server exists: claims from *this* session only, and the
         server's control hook. (One line in :meth:`start`; kept apart so it stays one.)"""
         self.claim = claim_state(records, (self.spec.harness.name, self.spec.session_ref))

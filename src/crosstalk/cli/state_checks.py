@@ -38,7 +38,8 @@ from crosstalk.core.ids import is_agent_id
 from crosstalk.core.replay import audit
 from crosstalk.harness.plugin import Finding
 from crosstalk.store.files import StatePathError, in_the_way
-from crosstalk.store.journal import Damage, Journal, JournalError, read_journal
+from crosstalk.store.journal import Journal, JournalError
+from crosstalk.store.journal_read import Damage, read_journal
 from crosstalk.store.registry import Descriptor, DescriptorLiveness, Listed, Registry
 
 #: The state's subdirectories (``sock/`` holds sockets and keys when no harness names a place).

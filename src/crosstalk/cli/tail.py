@@ -19,7 +19,7 @@ from crosstalk.cli.send import EXIT_OK, SendFailure, resolve_target
 from crosstalk.config import journal_path
 from crosstalk.core.ids import is_agent_id
 from crosstalk.core.records import kind_of
-from crosstalk.store.journal import read_journal
+from crosstalk.store.journal_read import read_journal
 
 
 def journal_files(home: Path, agent: str | None) -> list[Path]:

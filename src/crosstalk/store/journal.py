@@ -15,6 +15,9 @@ Why each rule exists:
 - **Replay never raises on damage.** A partial trailing line is discarded (it was never
   acknowledged: writers hold the lock until their fsync returns); a corrupt line mid-file is
   skipped and reported as :class:`Damage`; the journal keeps serving.
+- **Replay can stream.** ``replay(each=...)`` hands each record to ``each`` as it is decoded
+  and keeps none: a restart folds a 24 h journal (20k messages, 35 MB, ~220 MB as a list of
+  dicts) in memory bounded by the read chunk, not by the journal (issue 12, item 6).
 - **Two writers never interleave.** Appends take an ``flock`` on a sidecar lock file (which is
   never renamed or unlinked, so every process locks the same inode) and write with
   ``O_APPEND``; a writer that finds the file grew under it catches up before assigning ``seq``.
@@ -29,20 +32,21 @@ tests can fail the Nth write, fsync or truncate the way SQLite's ``ioerr`` tests
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import gc
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
-from crosstalk.core.replay import Violation, audit
 from crosstalk.store.files import open_regular
 from crosstalk.store.journal_format import (
     decode_scanned,
@@ -51,6 +55,7 @@ from crosstalk.store.journal_format import (
     standalone,
     whole_writes,
 )
+from crosstalk.store.journal_read import Damage, RecordSink, Replay
 
 
 class JournalError(Exception):
@@ -82,23 +87,6 @@ class OsFileOps:
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
-
-
-@dataclass(frozen=True)
-class Damage:
-    """A region of the journal that did not decode; it was skipped, not trusted."""
-
-    offset: int
-    length: int
-    reason: str  # "checksum" | "framing" | "json" | "oversize" | "torn_tail"
-
-
-@dataclass
-class Replay:
-    records: list[dict[str, Any]] = field(default_factory=list)
-    damage: list[Damage] = field(default_factory=list)
-    #: Byte offset just past the last complete line.
-    end: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +122,7 @@ class Journal:
         self._last_seq = 0
         self._truncate_to: int | None = None  # set when a rollback truncate failed
         self._wedged_data = b""  # the bytes that failed append tried to write
+        self._streaming = False  # a replay is handing records to its ``each``
         try:
             with self._locked():
                 self._open_locked()
@@ -167,6 +156,10 @@ class Journal:
         with self._mutex:
             if self._lock_fd < 0:
                 raise JournalError(f"journal {self.path} is closed")
+            if self._streaming:
+                # Only a replay's own ``each`` gets here (the mutex is re-entrant; another
+                # thread waits above): taking the flock again would release it mid-replay.
+                raise JournalError(f"journal {self.path}: in use by a streaming replay")
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -190,12 +183,15 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _catch_up_locked(self, collect: Replay | None, limit: int | None = None) -> None:
+    def _catch_up_locked(self, collect: Replay | None, limit: int | None = None,
+                         each: RecordSink | None = None) -> None:
         """Account for everything in the file since ``_offset``; drop a torn tail.
 
         Called under the lock before every append, so a second writer's records (or a file
         replaced by another process's retention) are seen before we assign the next ``seq``.
         ``limit`` stops the scan early (at a failed append that could not be cut off yet).
+        A replay (``collect``) reads from the start and keeps each record, or hands it to
+        ``each``; an append only needs the highest ``seq`` and keeps nothing.
         """
         self._reopen_if_replaced_locked()
         size = os.fstat(self._fd).st_size
@@ -206,8 +202,8 @@ class Journal:
         reading = collect is not None
         if not reading and size == self._offset:
             return
-        # While appending, the records seen are only the few new ones another writer added.
         sink = collect if collect is not None else Replay()
+        take = each if each is not None else sink.records.append if reading else None
         start = 0 if reading else self._offset
         end = start
         for line, decoded in whole_writes(scan_lines(self._fd, start, size, self._max_line)):
@@ -218,7 +214,8 @@ class Journal:
             seq = decoded.get("seq")
             if isinstance(seq, int) and seq > self._last_seq:
                 self._last_seq = seq
-            sink.records.append(decoded)
+            if take is not None:
+                take(decoded)
         if end < size:
             # A fragment with no newline: a writer died mid-line. It was never acknowledged.
             sink.damage.append(Damage(end, size - end, "torn_tail"))
@@ -247,12 +244,18 @@ class Journal:
             if not reading:
                 raise
 
-    def replay(self) -> Replay:
+    def replay(self, each: RecordSink | None = None) -> Replay:
         """Every intact record in order, plus what was skipped.
 
         Never raises on damage, nor on a repair it cannot make: if a failed append (or a torn
         tail) cannot be cut off yet, replay reads only up to it and appends keep refusing
         until the cut succeeds.
+
+        With ``each``, every record is handed to it as it is read and none is kept
+        (``records`` stays empty): memory stays bounded by the read chunk whatever the
+        journal's size. ``each`` runs under the journal's lock, so it must not write to this
+        journal (any call from it that takes the lock raises :class:`JournalError`); an
+        exception it raises ends the replay and propagates.
         """
         with self._locked():
             limit = None
@@ -262,7 +265,17 @@ class Journal:
                 limit = self._truncate_to
             result = Replay()
             self._last_seq = 0
-            self._catch_up_locked(result, limit)
+            self._streaming = each is not None
+            try:
+                with _collector_paused() if each is not None else contextlib.nullcontext():
+                    self._catch_up_locked(result, limit, each)
+            except BaseException:
+                # Cut off mid-file: what was counted is partial, so the next append rescans
+                # from the start rather than assign a seq from a partial count.
+                self._offset, self._last_seq = 0, 0
+                raise
+            finally:
+                self._streaming = False
             return result
 
     # -- writing ---------------------------------------------------------------------------
@@ -414,36 +427,19 @@ class Journal:
             os.close(fd)
 
 
-def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Replay:
-    """Read a journal without locking or repairing it (for ``crosstalk tail`` and diagnostics).
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a replay streams into its readers.
 
-    A trailing fragment is reported as ``torn_tail`` but left alone: its writer may still be
-    finishing it.
+    The readers keep what they rebuild (an entry per message, a task per task), so every
+    generational pass rescans a growing heap of survivors: a tenth to a fifth of a 20k-message
+    restart. Nothing a replay allocates forms a reference cycle (decoded JSON, typed records,
+    entries), so reference counting frees all of it meanwhile; the collector resumes after.
     """
-    result = Replay()
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return result
-    try:
-        size = os.fstat(fd).st_size
-        end = 0
-        for line, decoded in whole_writes(scan_lines(fd, 0, size, max_line)):
-            end = line.end + 1
-            if isinstance(decoded, str):
-                result.damage.append(Damage(line.offset, line.end - line.offset, decoded))
-            else:
-                result.records.append(decoded)
-        if end < size:
-            result.damage.append(Damage(end, size - end, "torn_tail"))
-        result.end = end
+        yield
     finally:
-        os.close(fd)
-    return result
-
-
-def audit_journal(path: Path | str) -> list[Violation]:
-    """The illegal state sequences in the journal at ``path`` (none for a journal the product
-    wrote): :func:`crosstalk.core.replay.audit` over what :func:`read_journal` reads. Damaged
-    lines are :attr:`Replay.damage`, not violations."""
-    return audit(read_journal(path).records)
+        if was_enabled:
+            gc.enable()

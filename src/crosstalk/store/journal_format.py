@@ -11,8 +11,7 @@ import json
 import os
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _PREFIX = b'{"c":"'
 # The head of every line of an append_batch write except its last: "this write continues".
@@ -23,8 +22,12 @@ _PREFIX = b'{"c":"'
 _MORE = b'{"b":"'
 _MORE_CRC = zlib.crc32(_MORE)
 _MIDDLE = b'","r":'
-_HEAD_LEN = len(_PREFIX) + 8 + len(_MIDDLE)  # 20 bytes before the record JSON
-_READ_CHUNK = 4 * 1024 * 1024
+_HEAD_START = len(_PREFIX)
+_CRC_END = _HEAD_START + 8
+_HEAD_LEN = _CRC_END + len(_MIDDLE)  # 20 bytes before the record JSON
+#: Bytes read at once: what a replay holds besides its records (the split lines of one chunk).
+_READ_CHUNK = 1024 * 1024
+_DECODER = json.JSONDecoder()
 
 
 def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
@@ -37,21 +40,29 @@ def decode_line(line: bytes) -> dict[str, Any] | str:
     """Decode one line (without its newline): the record, or the reason it is damaged."""
     if len(line) < _HEAD_LEN + 3 or not line.endswith(b"}"):
         return "framing"
-    if not (line.startswith(_PREFIX) or line.startswith(_MORE)):
+    head = line[:_HEAD_START]
+    more = head == _MORE
+    if not (more or head == _PREFIX) or line[_CRC_END:_HEAD_LEN] != _MIDDLE:
         return "framing"
-    if line[len(_PREFIX) + 8 : _HEAD_LEN] != _MIDDLE:
-        return "framing"
-    crc_field = line[len(_PREFIX) : len(_PREFIX) + 8]
+    crc_field = line[_HEAD_START:_CRC_END]
     # Exactly what encode_line writes (8 lowercase hex digits): int(x, 16) alone also takes
     # " 1a2b3c4", "+1a2b3c4" and "1A2B3C4D", where a flipped byte would go undetected.
     if crc_field.strip(b"0123456789abcdef"):
         return "framing"
-    crc = int(crc_field, 16)
     body = line[_HEAD_LEN:-1]
-    if zlib.crc32(body, _MORE_CRC if line.startswith(_MORE) else 0) != crc:
+    if zlib.crc32(body, _MORE_CRC if more else 0) != int(crc_field, 16):
         return "checksum"
     try:
-        record = json.loads(body)
+        if body.startswith(b'{"'):
+            # What json.loads does with these bytes, minus its encoding sniff (a body that
+            # opens with '{"' is UTF-8 to it: only BOMs and NUL bytes say otherwise) and its
+            # whitespace scans (loads itself decides whenever anything follows the object).
+            text = body.decode("utf-8", "surrogatepass")
+            record, stop = _DECODER.raw_decode(text)
+            if stop != len(text):
+                record = json.loads(text)
+        else:
+            record = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return "json"
     if not isinstance(record, dict):
@@ -59,8 +70,9 @@ def decode_line(line: bytes) -> dict[str, Any] | str:
     return record
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
+    """One line of the file (a tuple: a replay makes one per record)."""
+
     offset: int  # first byte of the line
     end: int  # offset of its newline
     raw: bytes | None  # the line without its newline; None when it exceeds the limit
@@ -71,32 +83,36 @@ def scan_lines(fd: int, start: int, end: int, max_line: int) -> Iterator[Line]:
 
     A trailing fragment without a newline is not yielded: the caller sees it as the gap
     between the last line's end and ``end``. Oversize lines are yielded with ``raw=None`` and
-    are never held in memory beyond the limit.
+    are never held in memory beyond the limit. Each chunk read is split in one call.
     """
     pos = start
-    buf = b""
+    carry = b""  # the start of a line a previous chunk began (at most max_line bytes)
     line_start = start
     oversize = False
     while pos < end:
         chunk = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
         if not chunk:
             break
-        cpos = 0
-        while True:
-            nl = chunk.find(b"\n", cpos)
-            if nl < 0:
-                if not oversize:
-                    buf += chunk[cpos:]
-                    if len(buf) > max_line:
-                        oversize, buf = True, b""
-                break
-            if oversize or len(buf) + (nl - cpos) > max_line:
-                yield Line(line_start, pos + nl, None)
+        parts = chunk.split(b"\n")
+        tail = parts.pop()
+        if parts:
+            first = parts[0]
+            off = pos + len(first)
+            if oversize or len(carry) + len(first) > max_line:
+                yield Line(line_start, off, None)
             else:
-                yield Line(line_start, pos + nl, buf + chunk[cpos:nl])
-            buf, oversize = b"", False
-            cpos = nl + 1
-            line_start = pos + cpos
+                yield Line(line_start, off, carry + first if carry else first)
+            off += 1
+            for i in range(1, len(parts)):
+                raw = parts[i]
+                n = len(raw)
+                yield Line(off, off + n, raw if n <= max_line else None)
+                off += n + 1
+            carry, oversize, line_start = b"", False, off
+        if not oversize:
+            carry += tail
+            if len(carry) > max_line:
+                oversize, carry = True, b""
         pos += len(chunk)
 
 

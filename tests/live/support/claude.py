@@ -380,7 +380,7 @@ class World:
     def journal(self, agent_id: str) -> list[dict[str, Any]]:
         """The records of ``<CROSSTALK_HOME>/journal/<agent_id>.jsonl`` (read without locking,
         a torn tail skipped), oldest first."""
-        from crosstalk.store.journal import read_journal  # the package under test
+        from crosstalk.store.journal_read import read_journal  # the package under test
 
         return list(read_journal(self.state / "journal" / f"{agent_id}.jsonl").records)
 

@@ -1,0 +1,73 @@
+"""Reading a journal without owning it: what a read returns, and the lock-free read that
+``crosstalk tail``, ``doctor`` and the test suite's audit use. The owning reader, which repairs
+torn tails and follows other writers, is :class:`crosstalk.store.journal.Journal`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crosstalk.config import MAX_JOURNAL_LINE
+from crosstalk.core.replay import Violation, audit
+from crosstalk.store.journal_format import scan_lines, whole_writes
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A region of the journal that did not decode; it was skipped, not trusted."""
+
+    offset: int
+    length: int
+    reason: str  # "checksum" | "framing" | "json" | "oversize" | "torn_tail"
+
+
+#: Takes one replayed record (``Journal.replay(each=...)``).
+RecordSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Replay:
+    #: Every intact record in order; empty when they were streamed to ``each`` instead.
+    records: list[dict[str, Any]] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+    #: Byte offset just past the last complete line.
+    end: int = 0
+
+
+
+def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Replay:
+    """Read a journal without locking or repairing it (for ``crosstalk tail`` and diagnostics).
+
+    A trailing fragment is reported as ``torn_tail`` but left alone: its writer may still be
+    finishing it.
+    """
+    result = Replay()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return result
+    try:
+        size = os.fstat(fd).st_size
+        end = 0
+        for line, decoded in whole_writes(scan_lines(fd, 0, size, max_line)):
+            end = line.end + 1
+            if isinstance(decoded, str):
+                result.damage.append(Damage(line.offset, line.end - line.offset, decoded))
+            else:
+                result.records.append(decoded)
+        if end < size:
+            result.damage.append(Damage(end, size - end, "torn_tail"))
+        result.end = end
+    finally:
+        os.close(fd)
+    return result
+
+
+def audit_journal(path: Path | str) -> list[Violation]:
+    """The illegal state sequences in the journal at ``path`` (none for a journal the product
+    wrote): :func:`crosstalk.core.replay.audit` over what :func:`read_journal` reads. Damaged
+    lines are :attr:`Replay.damage`, not violations."""
+    return audit(read_journal(path).records)
