@@ -21,15 +21,9 @@ import pytest
 from crosstalk import config
 from crosstalk.config import PRIVATE_FILE_MODE, RETENTION_SECONDS
 from crosstalk.store import journal as journal_mod
-from crosstalk.store.journal import (
-    Damage,
-    Journal,
-    JournalError,
-    JournalWriteError,
-    RecordTooLarge,
-    read_journal,
-)
+from crosstalk.store.journal import Journal, JournalError, JournalWriteError, RecordTooLarge
 from crosstalk.store.journal_format import decode_line, encode_line
+from crosstalk.store.journal_read import Damage, read_journal
 from tests.support.faulty_ops import FaultyOps
 
 HOUR = 3600.0

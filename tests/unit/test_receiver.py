@@ -44,12 +44,8 @@ from crosstalk.receiver import (
     Result,
     message_record,
 )
-from crosstalk.store.journal import (
-    Journal,
-    JournalError,
-    audit_journal,
-    read_journal,
-)
+from crosstalk.store.journal import Journal, JournalError
+from crosstalk.store.journal_read import audit_journal, read_journal
 from tests.support.faulty_ops import FaultyOps
 
 M = MessageState
