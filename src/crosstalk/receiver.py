@@ -39,7 +39,7 @@ from crosstalk import recovery
 from crosstalk.core.admission import Admission, Limits
 from crosstalk.core.hops import check_hop_chain, hop_token
 from crosstalk.core.ids import new_message_id
-from crosstalk.core.mailbox import bounce_text, build_entries
+from crosstalk.core.mailbox import MailboxEntry, MailboxFold, bounce_text
 from crosstalk.core.message import Ingress, Kind, Message, Sender, with_valid_unicode
 from crosstalk.core.policy import TargetRole, authorize
 from crosstalk.core.records import (
@@ -68,6 +68,7 @@ from crosstalk.core.states import (
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
 from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
+from crosstalk.store.journal_read import ReadMark
 
 M = MessageState
 ME = MessageEvent
@@ -103,6 +104,20 @@ class Receiver:
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits)
         self.hop_token = hop_token(self.agent_id)
+        self._mailbox = MailboxFold()
+        self._mailbox_mark: ReadMark | None = None
+
+    def mailbox(self) -> list[MailboxEntry]:
+        """Every message's mailbox entry, ordered by latest change: the journal folded as it
+        grows, each record read once (``receive_message`` polls this)."""
+        def restart() -> None:  # the journal was replaced (retention) or cut: fold anew
+            self._mailbox = MailboxFold()
+
+        def add(record: Mapping[str, Any]) -> None:  # the fold restart() left, not the old one
+            self._mailbox.add(record)
+
+        self._mailbox_mark = self.journal.read_since(self._mailbox_mark, add, restart)
+        return self._mailbox.entries()
 
     # -- the chain -------------------------------------------------------------------------
 
@@ -184,7 +199,7 @@ class Receiver:
                                    text=msg.text)
         now = self.clock()
         open_inbound = [
-            e for e in build_entries(self.journal.replay().records)
+            e for e in self.mailbox()
             if e.sender_agent_id not in (None, self.agent_id) and e.reply is None
             and (e.ask == AskState.OPEN.value or (
                 # Still dispatching counts: a session can answer natively before the injector

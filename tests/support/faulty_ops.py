@@ -10,7 +10,7 @@ import errno
 import os
 from collections.abc import Callable, Iterable
 
-from crosstalk.store.journal import OsFileOps
+from crosstalk.store.files import OsFileOps
 
 
 class FaultyOps:

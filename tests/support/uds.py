@@ -30,7 +30,8 @@ from crosstalk.harness.base import Binding
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.ingress.uds import CLOSE_GRACE, UdsIngress
 from crosstalk.receiver import Receiver
-from crosstalk.store.journal import FileOps, Journal
+from crosstalk.store.files import FileOps
+from crosstalk.store.journal import Journal
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registration, Registry
 

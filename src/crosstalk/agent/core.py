@@ -35,6 +35,7 @@ from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id
+from crosstalk.core.mailbox import MailboxEntry
 from crosstalk.core.message import Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import ClaimState, ControlResult, TargetRole
@@ -269,6 +270,11 @@ class Agent:
                     log.warning("agent %s: cannot rewrite its damaged descriptor: %s",
                                 self.agent_id, exc)
             await asyncio.sleep(DESCRIPTOR_CHECK_SECONDS)
+
+    def mailbox(self) -> list[MailboxEntry]:
+        if self.receiver is None:
+            raise RegistryError("agent is not registered")
+        return self.receiver.mailbox()
 
     def journal_records(self) -> list[dict[str, Any]]:
         if self.journal is None:

@@ -155,35 +155,57 @@ def _sender(sender: Sender) -> tuple[str, str | None]:
     return sender.name or agent_id or UNVERIFIED, agent_id
 
 
-def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
-    """Fold journal records into one entry per message id, ordered by latest change."""
-    entries: dict[str, MailboxEntry] = {}
-    asks: dict[str, tuple[str, str | None, int]] = {}
-    receipts: dict[str, tuple[str, int]] = {}
-    for raw in records:
+class MailboxFold:
+    """The fold behind :func:`build_entries`, fed one record at a time.
+
+    A shim answers ``receive_message`` from a fold it keeps and feeds only the records
+    written since its last answer: re-reading a 24 h journal per call cost about a second and
+    200 MB on 20k messages (issue 12).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, MailboxEntry] = {}
+        self._asks: dict[str, tuple[str, str | None, int]] = {}
+        self._receipts: dict[str, tuple[str, int]] = {}
+
+    def add(self, raw: Mapping[str, Any]) -> None:
         rec = parse_record(raw)
         if isinstance(rec, Unreadable) or rec.seq is None:
-            continue
+            return
         seq = rec.seq
         if isinstance(rec, ReceiptRecord) and rec.id:
-            receipts[rec.id] = (rec.label, seq)
+            self._receipts[rec.id] = (rec.label, seq)
         elif isinstance(rec, AskOpened | AskEnded) and rec.id:
-            prior_reply = asks[rec.id][1] if rec.id in asks else None
+            prior = self._asks.get(rec.id)
+            prior_reply = prior[1] if prior is not None else None
             reply = rec.reply if isinstance(rec, AskEnded) else None
-            asks[rec.id] = (rec.state.value, reply if reply is not None else prior_reply, seq)
+            self._asks[rec.id] = (rec.state.value,
+                                  reply if reply is not None else prior_reply, seq)
         elif isinstance(rec, MessageSubmitted | MessageFinal | MessageChange) and rec.id:
-            entries[rec.id] = _fold(entries.get(rec.id), rec, seq)
-    for rid, (ask_state, reply, ask_seq) in asks.items():
-        if rid in entries:  # an ask with no message record has nothing to show
-            entry = entries[rid]
-            entries[rid] = replace(entry, ask=ask_state, reply=reply,
-                                   last_seq=max(entry.last_seq, ask_seq))
-    for rid, (receipt, receipt_seq) in receipts.items():
-        if rid in entries:
-            entry = entries[rid]
-            entries[rid] = replace(entry, receipt=receipt,
-                                   last_seq=max(entry.last_seq, receipt_seq))
-    return sorted(entries.values(), key=lambda e: e.last_seq)
+            self._entries[rec.id] = _fold(self._entries.get(rec.id), rec, seq)
+
+    def entries(self) -> list[MailboxEntry]:
+        """One entry per message id, ordered by latest change."""
+        entries = dict(self._entries)
+        for rid, (ask_state, reply, ask_seq) in self._asks.items():
+            if rid in entries:  # an ask with no message record has nothing to show
+                entry = entries[rid]
+                entries[rid] = replace(entry, ask=ask_state, reply=reply,
+                                       last_seq=max(entry.last_seq, ask_seq))
+        for rid, (receipt, receipt_seq) in self._receipts.items():
+            if rid in entries:
+                entry = entries[rid]
+                entries[rid] = replace(entry, receipt=receipt,
+                                       last_seq=max(entry.last_seq, receipt_seq))
+        return sorted(entries.values(), key=lambda e: e.last_seq)
+
+
+def build_entries(records: Iterable[Mapping[str, Any]]) -> list[MailboxEntry]:
+    """Fold journal records into one entry per message id, ordered by latest change."""
+    fold = MailboxFold()
+    for raw in records:
+        fold.add(raw)
+    return fold.entries()
 
 
 def _fold(prior: MailboxEntry | None, rec: MessageRecord, seq: int) -> MailboxEntry:

@@ -20,7 +20,7 @@ from mcp.server import Server, ServerRequestContext
 from crosstalk import __version__
 from crosstalk.a2a.client import SendResult
 from crosstalk.agent import Agent, ReplyRefused
-from crosstalk.core.mailbox import CursorError, build_entries, page
+from crosstalk.core.mailbox import CursorError, page
 from crosstalk.core.nudge import combine_hint
 from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
@@ -299,9 +299,8 @@ class Tools:
         state = _opt_str(args, "state")
         after = _opt_str(args, "after")
         limit = _int_arg(args, "limit", 20, 1, 100)
-        records = agent.journal_records()
         try:
-            got = page(build_entries(records), state=state, after=after, limit=limit)
+            got = page(agent.mailbox(), state=state, after=after, limit=limit)
         except CursorError as exc:
             raise ToolError("invalid_cursor", str(exc)) from None
         except ValueError as exc:

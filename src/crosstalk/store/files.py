@@ -19,6 +19,7 @@ import secrets
 import shlex
 import stat
 from pathlib import Path
+from typing import Protocol
 
 from crosstalk.config import PRIVATE_FILE_MODE, fsync_dir
 
@@ -169,3 +170,22 @@ def is_locked(path: Path) -> bool:
         return True
     lock.release()
     return False
+
+
+class FileOps(Protocol):
+    """The system calls an append depends on; a seam for fault injection."""
+
+    def write(self, fd: int, data: bytes) -> int: ...
+    def fsync(self, fd: int) -> None: ...
+    def ftruncate(self, fd: int, size: int) -> None: ...
+
+
+class OsFileOps:
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)

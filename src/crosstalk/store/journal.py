@@ -15,9 +15,9 @@ Why each rule exists:
 - **Replay never raises on damage.** A partial trailing line is discarded (it was never
   acknowledged: writers hold the lock until their fsync returns); a corrupt line mid-file is
   skipped and reported as :class:`Damage`; the journal keeps serving.
-- **Replay can stream.** ``replay(each=...)`` hands each record to ``each`` as it is decoded
-  and keeps none: a restart folds a 24 h journal (20k messages, 35 MB, ~220 MB as a list of
-  dicts) in memory bounded by the read chunk, not by the journal (issue 12, item 6).
+- **Replay can stream, and be followed.** ``replay(each=...)`` keeps no record: a restart folds
+  a 24 h journal (20k messages, 35 MB) in memory bounded by the read chunk. ``read_since``
+  hands on only what was written after a mark (the mailbox's view).
 - **Two writers never interleave.** Appends take an ``flock`` on a sidecar lock file (which is
   never renamed or unlinked, so every process locks the same inode) and write with
   ``O_APPEND``; a writer that finds the file grew under it catches up before assigning ``seq``.
@@ -43,11 +43,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
-from crosstalk.store.files import open_regular
+from crosstalk.store.files import FileOps, OsFileOps, open_regular
 from crosstalk.store.journal_format import (
     decode_scanned,
     encode_line,
@@ -55,7 +55,7 @@ from crosstalk.store.journal_format import (
     standalone,
     whole_writes,
 )
-from crosstalk.store.journal_read import Damage, RecordSink, Replay
+from crosstalk.store.journal_read import Damage, ReadMark, RecordSink, Replay, read_from
 
 
 class JournalError(Exception):
@@ -68,25 +68,6 @@ class JournalWriteError(JournalError):
 
 class RecordTooLarge(JournalError):
     """The encoded record would exceed the reader's line limit; nothing was written."""
-
-
-class FileOps(Protocol):
-    """The system calls an append depends on; a seam for fault injection."""
-
-    def write(self, fd: int, data: bytes) -> int: ...
-    def fsync(self, fd: int) -> None: ...
-    def ftruncate(self, fd: int, size: int) -> None: ...
-
-
-class OsFileOps:
-    def write(self, fd: int, data: bytes) -> int:
-        return os.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        os.ftruncate(fd, size)
 
 
 @dataclass(frozen=True)
@@ -277,6 +258,15 @@ class Journal:
             finally:
                 self._streaming = False
             return result
+
+    def read_since(self, mark: ReadMark | None, each: RecordSink,
+                   restart: Callable[[], None]) -> ReadMark:
+        """Follow the journal: :func:`~crosstalk.store.journal_read.read_from` under the lock,
+        so a record is seen only once its writer's fsync has returned."""
+        with self._locked():
+            self._reopen_if_replaced_locked()
+            return read_from(self._fd, self._ino, mark, each, restart, max_line=self._max_line,
+                             limit=self._truncate_to)
 
     # -- writing ---------------------------------------------------------------------------
 

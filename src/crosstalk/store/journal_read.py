@@ -71,3 +71,38 @@ def audit_journal(path: Path | str) -> list[Violation]:
     wrote): :func:`crosstalk.core.replay.audit` over what :func:`read_journal` reads. Damaged
     lines are :attr:`Replay.damage`, not violations."""
     return audit(read_journal(path).records)
+
+
+@dataclass(frozen=True)
+class ReadMark:
+    """How far a reader that follows a journal has read: the file (its inode, since retention
+    renames a new file over the old) and the end of the last whole write it was handed."""
+
+    ino: int
+    end: int
+
+
+def read_from(fd: int, ino: int, mark: ReadMark | None, each: RecordSink,
+              restart: Callable[[], None], *, max_line: int = MAX_JOURNAL_LINE,
+              limit: int | None = None) -> ReadMark:
+    """Hand ``each`` the intact records written after ``mark`` and return the new mark.
+
+    A mark that no longer holds (no mark, another file, a file cut shorter) calls ``restart``
+    first and reads from the start. A trailing fragment is not read past: whoever next appends
+    cuts it off, and the record written in its place starts at the returned mark. ``limit``
+    stops at a failed append that could not be cut off yet.
+    """
+    size = os.fstat(fd).st_size
+    if limit is not None:
+        size = min(size, limit)
+    start = 0
+    if mark is None or mark.ino != ino or size < mark.end:
+        restart()
+    else:
+        start = mark.end
+    end = start
+    for line, decoded in whole_writes(scan_lines(fd, start, size, max_line)):
+        end = line.end + 1
+        if not isinstance(decoded, str):
+            each(decoded)
+    return ReadMark(ino, end)
