@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -45,9 +45,12 @@ from tests.support.a2a import (
     SECRET_CWD,
     Agent,
     Node,
+    agents,
+    bob,
     make_node,
     meta,
     registered_agent,
+    registry,
     sdk_client,
     send,
     serving,
@@ -56,33 +59,11 @@ from tests.support.a2a import (
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
+__all__ = ["agents", "bob", "registry"]  # fixtures
 
 COMPLETED = pb.TASK_STATE_COMPLETED
 WORKING = pb.TASK_STATE_WORKING
 SUBMITTED = pb.TASK_STATE_SUBMITTED
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(tmp_path / "state")
-
-
-@pytest.fixture
-def agents(registry: Registry) -> Iterator[dict[str, Agent]]:
-    made = {name: registered_agent(registry, name) for name in ("alice", "bob", "carol")}
-    yield made
-    for a in made.values():
-        a.registration.close()
-
-
-@pytest.fixture
-async def bob(registry: Registry, agents: dict[str, Agent],
-              tmp_path: Path) -> AsyncIterator[Node]:
-    """Bob's receiving side, served on a real loopback socket."""
-    node = make_node(registry, agents["bob"], tmp_path / "bob.jsonl")
-    async with serving(node):
-        yield node
-    node.journal.close()
 
 
 # -- seed 17: the A2A conformance matrix ---------------------------------------------------

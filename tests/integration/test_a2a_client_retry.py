@@ -14,7 +14,7 @@ before the server would.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,23 +24,18 @@ from crosstalk.a2a.transport import KEEPALIVE_EXPIRY, new_http_client
 from crosstalk.core.message import Sender
 from crosstalk.core.policy import ControlResult
 from crosstalk.store.registry import Registry
-from tests.support.a2a import Agent, Node, make_node, registered_agent, serving
+from tests.support.a2a import (
+    Agent,
+    Node,
+    agents,
+    make_node,
+    registry,
+    serving,
+)
 from tests.support.relay import Action, Relay
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(tmp_path / "state")
-
-
-@pytest.fixture
-def agents(registry: Registry) -> Iterator[dict[str, Agent]]:
-    made = {name: registered_agent(registry, name) for name in ("alice", "bob")}
-    yield made
-    for a in made.values():
-        a.registration.close()
+__all__ = ["agents", "registry"]  # fixtures
 
 
 async def _refuse_claims(sender: Sender, op: str) -> ControlResult:

@@ -20,7 +20,7 @@ import errno
 import io
 import json
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +40,17 @@ from crosstalk.store.registry import Registry
 from tests.support.a2a import (
     Agent,
     Node,
-    make_node,
-    registered_agent,
+    agents,
+    bob,
+    registry,
     sdk_client,
     send,
-    serving,
     text_message,
 )
 from tests.support.faulty_ops import FaultyOps
 
 pytestmark = pytest.mark.anyio
+__all__ = ["agents", "bob", "registry"]  # fixtures
 
 NOTHING_DELIVERED = "the receiver could not store it; nothing was delivered; retry later"
 
@@ -62,28 +63,6 @@ def full_disk() -> FaultyOps:
 
 
 # -- item 5: over A2A, against a real agent ---------------------------------------------------
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    return Registry(tmp_path / "state")
-
-
-@pytest.fixture
-def agents(registry: Registry) -> Iterator[dict[str, Agent]]:
-    made = {name: registered_agent(registry, name) for name in ("alice", "bob")}
-    yield made
-    for a in made.values():
-        a.registration.close()
-
-
-@pytest.fixture
-async def bob(registry: Registry, agents: dict[str, Agent],
-              tmp_path: Path) -> AsyncIterator[Node]:
-    node = make_node(registry, agents["bob"], tmp_path / "bob.jsonl")
-    async with serving(node):
-        yield node
-    node.journal.close()
 
 
 async def test_a_receiver_that_cannot_store_a_message_refuses_it_retryably(

@@ -4,13 +4,14 @@ on uvicorn (or in-process ASGI), and the a2a-sdk's own client holding a bearer t
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from a2a.client import (
     AuthInterceptor,
     Client,
@@ -175,3 +176,30 @@ async def send(client: Client, ctx: ClientCallContext, message: pb.Message, *,
 
 def meta(task: pb.Task) -> dict[str, Any]:
     return MessageToDict(task.metadata) if task.HasField("metadata") else {}
+
+
+# -- fixtures: a test module imports them to use them ----------------------------------------
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    return Registry(tmp_path / "state")
+
+
+@pytest.fixture
+def agents(registry: Registry) -> Iterator[dict[str, Agent]]:
+    """alice, bob and carol, registered (not serving)."""
+    made = {name: registered_agent(registry, name) for name in ("alice", "bob", "carol")}
+    yield made
+    for a in made.values():
+        a.registration.close()
+
+
+@pytest.fixture
+async def bob(registry: Registry, agents: dict[str, Agent],
+              tmp_path: Path) -> AsyncIterator[Node]:
+    """Bob's receiving side, served on a real loopback socket."""
+    node = make_node(registry, agents["bob"], tmp_path / "bob.jsonl")
+    async with serving(node):
+        yield node
+    node.journal.close()
