@@ -75,6 +75,17 @@ def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.1,
         time.sleep(step)
 
 
+#: A process the teardown has just stopped (a tmux server after ``kill-server``, the mock) may
+#: still be exiting, with no command line left, when the leak check looks: it gets this long.
+EXIT_SETTLE = 2.0
+
+
+def settle_members(netns: Netns) -> None:
+    """Wait (briefly) for processes already exiting to leave the namespace."""
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not netns.members(), EXIT_SETTLE, step=0.05, what="namespace empty")
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
@@ -413,6 +424,7 @@ class World:
             except Exception as exc:  # keep tearing down the rest
                 self.leftovers.append(f"{claude.name}: stop failed: {exc!r}")
         self.mock.close()
+        settle_members(self.netns)
         for pid in kill_all(self.netns.members()):
             self.leftovers.append(f"process {pid} ({' '.join(cmdline(pid)) or '?'}) was still in "
                                   "the namespace after teardown; killed")

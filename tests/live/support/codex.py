@@ -56,6 +56,7 @@ from tests.live.support.claude import (
     cmdline,
     descendants,
     kill_all,
+    settle_members,
     wait_for,
 )
 from tests.live.support.mock_responses import input_items, item_text
@@ -715,6 +716,7 @@ class CodexWorld:
                       + ", ".join(str(d.get("name")) for d in stale))
         self.mock.close()
         if self.share is None:
+            settle_members(self.netns)
             for pid in kill_all(self.netns.members()):
                 self.leftovers.append(f"process {pid} ({' '.join(cmdline(pid)) or '?'}) was "
                                       "still in the namespace after teardown; killed")
