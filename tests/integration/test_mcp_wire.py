@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crosstalk.core.message import valid_unicode
+from crosstalk.core.message import valid_unicode, valid_unicode_json
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
-from crosstalk.shim.stdio import repaired, vet
+from crosstalk.shim.stdio import vet
 
 CODE_POINTS = st.one_of(st.characters(exclude_categories=()),
                         st.sampled_from(["\ud83d", "\ude00", "\udfff", "\x00"]))
@@ -164,11 +164,22 @@ def test_any_code_points_in_tool_arguments_are_answered_and_delivered(
     | st.dictionaries(st.lists(CODE_POINTS, max_size=4).map("".join), inner, max_size=3),
     max_leaves=8))
 def test_repaired_json_always_encodes_and_changes_only_surrogates(value: Any) -> None:
-    fixed = repaired(value)
+    fixed = valid_unicode_json(value)
     json.dumps(fixed, ensure_ascii=False).encode("utf-8")
-    assert repaired(fixed) == fixed
+    assert valid_unicode_json(fixed) == fixed
     if not any(0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(value, ensure_ascii=False)):
         assert fixed == value
+
+
+@pytest.mark.parametrize("depth", range(900, 1001, 4))
+def test_a_deep_line_with_a_lone_surrogate_is_answered_not_raised(depth: int) -> None:
+    """json may read a line nested just under its limit that the repair walk, deeper in the
+    stack, cannot: the line is still answered (served repaired, or refused), never raised."""
+    line = '{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":' + "[" * depth + '"\\ud83d"' \
+        + "]" * depth + "}}"
+    verdict = vet(line)
+    assert verdict is not None
+    assert isinstance(verdict, str) or verdict.message.error.code in (-32700, -32600)
 
 
 def test_a_line_the_sdk_accepts_passes_untouched() -> None:

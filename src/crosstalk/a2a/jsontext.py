@@ -31,7 +31,7 @@ from typing import Any
 from a2a.utils.errors import A2AError
 
 from crosstalk.a2a.errors import invalid_params, rejected_error
-from crosstalk.core.message import valid_unicode
+from crosstalk.core.message import valid_unicode_json
 
 #: Deepest nesting accepted (the body's top-level object is depth 1). Metadata is a protobuf
 #: Struct, two message levels per JSON level, and upb will not decode one nested ~45 deep
@@ -45,7 +45,6 @@ MAX_INTEGER_DIGITS = 64
 _LONG_DIGITS = re.compile(rf"\d{{{MAX_INTEGER_DIGITS + 1},}}")
 #: A ``\u`` escape of a surrogate code point (D800-DFFF), possibly half of a valid pair.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _IDS = {"messageId": "bad_message_id", "taskId": "bad_task_id",
         "contextId": "bad_context_id"}
 #: Message metadata keys the receiver keeps as fields of their own (``Message``).
@@ -86,7 +85,7 @@ def inspect(text: str) -> Verdict:
     if not surrogates:
         return Verdict(text)
     found: list[tuple[Any, ...]] = []
-    repaired = _repair(obj, (), found)
+    repaired = valid_unicode_json(obj, (), found)  # the depth is already bounded
     if not found:
         return Verdict(text)  # a valid pair, or an escaped backslash before "ud83d"
     fields: set[str] = set()
@@ -125,26 +124,6 @@ def _depth_exceeds(obj: Any, limit: int) -> bool:
         stack.extend((child, depth + 1) for child in children
                      if isinstance(child, dict | list))
     return False
-
-
-def _repair(node: Any, path: tuple[Any, ...], found: list[tuple[Any, ...]]) -> Any:
-    """``node`` with every lone surrogate (in keys and strings) made U+FFFD; each place one was
-    found is appended to ``found``. Recursive: the depth is already known to be bounded."""
-    if isinstance(node, str):
-        if _LONE_SURROGATE.search(node) is None:
-            return node
-        found.append(path)
-        return valid_unicode(node)
-    if isinstance(node, list):
-        return [_repair(item, (*path, i), found) for i, item in enumerate(node)]
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if _LONE_SURROGATE.search(key) is not None:
-                found.append((*path, key))
-            out[valid_unicode(key)] = _repair(value, (*path, key), found)
-        return out
-    return node
 
 
 def _field_of(path: tuple[Any, ...]) -> str:

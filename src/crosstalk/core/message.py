@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 #: What a lone surrogate becomes (seed §5 "bad input"): the Unicode replacement character.
 REPLACEMENT = "\ufffd"
@@ -110,6 +111,31 @@ def valid_unicode(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
+
+
+def valid_unicode_json(node: Any, path: tuple[Any, ...] = (),
+                       found: list[tuple[Any, ...]] | None = None) -> Any:
+    """Parsed JSON with every string, keys included, made valid Unicode (:func:`valid_unicode`).
+
+    Each place a string was repaired is appended to ``found`` as its path from ``node``. The
+    walk recurses, so the caller bounds the depth (or catches ``RecursionError``).
+    """
+    if isinstance(node, str):
+        good = valid_unicode(node)
+        if good != node and found is not None:
+            found.append(path)
+        return good
+    if isinstance(node, list):
+        return [valid_unicode_json(item, (*path, i), found) for i, item in enumerate(node)]
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            good = valid_unicode(key)
+            if good != key and found is not None:
+                found.append((*path, key))
+            out[good] = valid_unicode_json(value, (*path, key), found)
+        return out
+    return node
 
 
 def with_valid_unicode(msg: Message) -> Message:

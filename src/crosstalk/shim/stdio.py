@@ -38,20 +38,9 @@ import mcp_types as types
 from anyio.abc import ObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from crosstalk.core.message import valid_unicode
+from crosstalk.core.message import valid_unicode_json
 
 log = logging.getLogger(__name__)
-
-
-def repaired(value: Any) -> Any:
-    """``value`` (parsed JSON) with every string, keys included, made valid Unicode."""
-    if isinstance(value, str):
-        return valid_unicode(value)
-    if isinstance(value, list):
-        return [repaired(v) for v in value]
-    if isinstance(value, dict):
-        return {valid_unicode(k): repaired(v) for k, v in value.items()}
-    return value
 
 
 def _error(request_id: int | str | None, code: int, message: str) -> SessionMessage:
@@ -87,7 +76,11 @@ def vet(line: str) -> str | SessionMessage | None:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
         log.warning("answered a request line (%d bytes) that is %s", len(line), reason)
         return _error(None, types.PARSE_ERROR, f"Parse error: the line is {reason}")
-    fixed = repaired(parsed)
+    try:
+        fixed = valid_unicode_json(parsed)
+    except RecursionError:  # json read it, but the walk sits deeper in the stack
+        log.warning("answered a request line (%d bytes) that is nested too deeply", len(line))
+        return _error(None, types.PARSE_ERROR, "Parse error: the line is nested too deeply")
     if fixed != parsed:
         text = json.dumps(fixed, ensure_ascii=False)
         try:
