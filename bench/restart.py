@@ -272,6 +272,7 @@ def main() -> None:
              lines_per_kind={k: len(next(u for u in units if u.kind == k).lines)
                              for k in MIX})
         if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(pristine, Path(args.keep) / "restart-journal.jsonl")
         agent_id = agent_id_for(HARNESS, SESSION)
         starts, raws = [], []
