@@ -16,6 +16,7 @@ from typing import Any
 
 from mcp import types
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 from crosstalk import __version__
 from crosstalk.a2a.client import SendResult
@@ -113,6 +114,8 @@ TOOLS: list[types.Tool] = [
     ),
 ]
 TOOL_NAMES = {t.name for t in TOOLS}
+#: JSON-RPC "invalid params": the MCP spec's answer to ``tools/call`` of an unknown tool.
+INVALID_PARAMS = -32602
 
 
 class ToolError(Exception):
@@ -184,7 +187,7 @@ class Tools:
                    meta: Mapping[str, Any] | None) -> types.CallToolResult:
         args = args or {}
         try:
-            if name not in TOOL_NAMES:
+            if name not in TOOL_NAMES:  # only a direct caller: the MCP server refuses it first
                 raise ToolError("unknown_tool", f"tools: {', '.join(sorted(TOOL_NAMES))}")
             found = await self.shim.identify(meta)
             if name == "list_agents":
@@ -396,6 +399,13 @@ def build_server(tools: Tools) -> Server[Any]:
 
     async def on_call_tool(ctx: ServerRequestContext[Any, Any],
                            params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in TOOL_NAMES:
+            # A protocol error, not a tool result: the MCP spec lists unknown tools among
+            # protocol errors (-32602); ``isError`` means a tool ran and refused, and generic
+            # clients (MCP Inspector) show the two differently. Checked before identity, so
+            # an unbound call gets the same answer.
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}",
+                           data={"tools": sorted(TOOL_NAMES)})
         meta: Mapping[str, Any] | None = ctx.meta if ctx.meta is not None else None
         return await tools.call(params.name, params.arguments, meta)
 
