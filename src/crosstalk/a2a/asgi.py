@@ -2,12 +2,15 @@
 (seed §5 request path, up to the SDK's JSON-RPC dispatcher; the listener that serves it is
 :mod:`crosstalk.a2a.listener`)::
 
-    bearer guard (sender = registry.agent_for_token)  →  body cap (256 KiB, before decoding;
-      JSON depth, integer size, lone surrogates: crosstalk.a2a.jsontext)
+    bearer guard (sender = registry.agent_for_token; else 401, -32000, the request's id)
+      →  body cap (256 KiB, before decoding; JSON depth, integer size, lone surrogates:
+      crosstalk.a2a.jsontext; ListTasks' raw status: crosstalk.a2a.liststatus)
       →  SDK JSON-RPC dispatcher  →  :class:`crosstalk.a2a.handler.CrossTalkRequestHandler`
 
 The SDK does the wire: JSON-RPC parsing and error mapping (``create_jsonrpc_routes``), the
-Agent Card route, the protobuf types. Nothing here knows about tasks or the receiver chain.
+``A2A-Version`` check (absent reads as 0.3: -32009), the Agent Card route (a weak ETag over the
+card, 304 on ``If-None-Match``; the ``Cache-Control`` is ours), the protobuf types. Nothing
+here knows about tasks or the receiver chain.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from starlette.types import Message as AsgiMessage
 
 from crosstalk import __version__
 from crosstalk.a2a import jsontext, wire
+from crosstalk.a2a.errors import unauthenticated_error
+from crosstalk.a2a.liststatus import ABSENT, wire_status
 from crosstalk.a2a.taskstore import SENDER_KEY
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT
@@ -57,6 +62,8 @@ SCOPE_REPAIRED = "crosstalk.repaired"
 RECEIVE_KEY = "crosstalk.receive"
 #: The call-context key of the message fields the body cap repaired (``Message.repaired``).
 REPAIRED_KEY = "crosstalk.repaired"
+#: The ASGI scope key, and the call-context key, of a ListTasks request's raw ``status``.
+LIST_STATUS_KEY = "crosstalk.list_status"
 #: The logger of the SDK's JSON-RPC dispatcher (:class:`_OneLinePerBadRequest`).
 SDK_DISPATCHER_LOGGER = "a2a.server.routes.jsonrpc_dispatcher"
 _TOKEN_CACHE_SECONDS = 1.0
@@ -64,6 +71,10 @@ _MAX_TOKEN_LEN = 512
 #: An oversize body is read and discarded up to this many times the cap before answering, so
 #: the client is not cut off mid-write (it would see a reset, i.e. "unknown", not "rejected").
 _DRAIN_FACTOR = 64
+#: ``Cache-Control`` of the Agent Card (spec 1.0 §8.6.1). Small: the card carries the agent's
+#: name, which follows renames, and a restarted agent's port may be taken by another agent;
+#: a client re-fetching after 5 s pays one 304 against the ETag.
+CARD_CACHE_CONTROL = "max-age=5"
 
 #: The verified sender for an ``Authorization`` header's values, or ``None``.
 Authenticate = Callable[[Sequence[str]], Sender | None]
@@ -126,8 +137,9 @@ async def _send_json(send: Send, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-def _jsonrpc_error_bytes(error: A2AError | JSONRPCError) -> bytes:
-    return json.dumps(build_error_response(None, error)).encode()
+def _jsonrpc_error_bytes(error: A2AError | JSONRPCError,
+                         request_id: str | int | None = None) -> bytes:
+    return json.dumps(build_error_response(request_id, error)).encode()
 
 
 class BearerGuard:
@@ -135,7 +147,11 @@ class BearerGuard:
 
     The token is the **sending** agent's own CrossTalk credential; it maps to exactly one live
     registered agent (``Registry.agent_for_token``), whose id, name and role become the
-    verified :class:`Sender`. Anything else is answered ``401`` before the body is read.
+    verified :class:`Sender`. Anything else is answered ``401`` + ``WWW-Authenticate`` with
+    :func:`~crosstalk.a2a.errors.unauthenticated_error` (``-32000``, so a client can tell it
+    from a malformed request) carrying the request's ``id`` if the body (up to the cap) was
+    JSON; an ``id`` holding the presented token is not echoed. The body is read, never passed
+    on.
     """
 
     def __init__(self, app: ASGIApp, *, authenticate: Authenticate, drain_limit: int) -> None:
@@ -151,13 +167,13 @@ class BearerGuard:
                 "GET", "HEAD"):
             await self.app(scope, receive, send)
             return
-        sender = self.authenticate(_header_values(scope, b"authorization"))
+        authorization = _header_values(scope, b"authorization")
+        sender = self.authenticate(authorization)
         if sender is None:
-            await _drain(receive, self.drain_limit)  # let the client finish
-            body = _jsonrpc_error_bytes(InvalidRequestError(
-                message="unauthorized: a registered agent's bearer token is required",
-                data={wire.ERROR_REASON: "unauthorized", wire.ERROR_STATE: M.REJECTED.value}))
-            await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="crosstalk"')])
+            body = await _read_bounded(receive, self.drain_limit)  # let the client finish
+            rid = _request_id(body, authorization)
+            await _send_json(send, 401, _jsonrpc_error_bytes(unauthenticated_error(), rid),
+                             [(b"www-authenticate", b'Bearer realm="crosstalk"')])
             return
         scope[SCOPE_SENDER] = sender
         await self.app(scope, receive, send)
@@ -209,6 +225,9 @@ class BodyLimit:
             if verdict.repaired:
                 body = verdict.text.encode("utf-8")
                 scope[SCOPE_REPAIRED] = verdict.repaired
+            status = wire_status(verdict.text)
+            if status is not ABSENT:
+                scope[LIST_STATUS_KEY] = status
         replayed = False
 
         async def replay() -> AsgiMessage:
@@ -245,6 +264,46 @@ class BodyLimit:
         if more and not await _drain(receive, self.limit * _DRAIN_FACTOR - size):
             return None
         return size
+
+
+async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
+    """The request body if it ends within ``limit`` bytes; else ``None``, the rest read and
+    discarded up to ``limit`` (as :func:`_drain`), or ``None`` if the client went away."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks) if size <= limit else None
+        if size > limit:
+            await _drain(receive, limit)
+            return None
+
+
+def _request_id(body: bytes | None, authorization: Sequence[str]) -> str | int | None:
+    """A refused request's JSON-RPC ``id``, as the SDK would echo it (a string or an integer,
+    never a boolean); ``None`` if the body does not read, or the id holds a presented
+    credential (an error never carries a token)."""
+    if not body:
+        return None
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's limit
+        return None
+    rid = request.get("id") if isinstance(request, dict) else None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        return None
+    if isinstance(rid, str):
+        secrets = [value.strip().partition(" ")[2].strip() for value in authorization]
+        if any(secret and secret in rid for secret in secrets):
+            return None
+    return rid
 
 
 async def _drain(receive: Receive, budget: int) -> bool:
@@ -294,6 +353,8 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
         repaired = request.scope.get(SCOPE_REPAIRED)
         if isinstance(repaired, tuple):
             ctx.state[REPAIRED_KEY] = repaired
+        if LIST_STATUS_KEY in request.scope:
+            ctx.state[LIST_STATUS_KEY] = request.scope[LIST_STATUS_KEY]
         return ctx
 
 
@@ -329,7 +390,8 @@ def _one_line_per_bad_request() -> None:
 
 
 def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.AgentCard:
-    """Public card: no cwd, no CORS (seed R14); bearer required; JSON-RPC 1.0 only."""
+    """Public card: no cwd, no CORS (seed R14); bearer required; A2A 1.0 over JSON-RPC 2.0
+    (the JSONRPC binding) only."""
     return pb.AgentCard(
         name=name,
         description=description,
@@ -367,7 +429,8 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
 
     _one_line_per_bad_request()
     routes = [
-        *create_agent_card_routes(agent_card=card(), card_modifier=current_card),
+        *create_agent_card_routes(agent_card=card(), card_modifier=current_card,
+                                  cache_control=CARD_CACHE_CONTROL),
         *create_jsonrpc_routes(request_handler=handler, rpc_url=RPC_PATH,
                                context_builder=_ContextBuilder()),
     ]

@@ -9,6 +9,7 @@ that could not store the message. Either is definite: nothing was accepted.
 from __future__ import annotations
 
 from a2a.server.context import ServerCallContext
+from a2a.server.jsonrpc_models import JSONRPCError
 from a2a.utils.errors import InvalidParamsError, InvalidRequestError
 
 from crosstalk.a2a import wire
@@ -49,6 +50,31 @@ def invalid_params(reason: str, detail: str) -> InvalidParamsError:
     """Malformed params (ids, metadata, control): rejected, with the reason."""
     return InvalidParamsError(message=f"{detail}",
                               data={wire.ERROR_REASON: reason, wire.ERROR_STATE: M.REJECTED.value})
+
+
+#: JSON-RPC code of a request refused for its credentials. The A2A spec names none (§7.4:
+#: "binding-specific"; its JSON-RPC table, §5.4, has no authentication error) and claims
+#: -32001..-32099 for its own errors; -32000 is the one server-error code (JSON-RPC 2.0
+#: reserves -32000..-32099) it leaves free. Not -32600: clients read that as a malformed
+#: request (``@a2a-js/sdk`` maps it to ``RequestMalformedError``) and give up on a request a
+#: fresh token would let through.
+UNAUTHENTICATED = -32000
+
+
+def unauthenticated_error() -> JSONRPCError:
+    """The JSON-RPC error a ``401`` carries: no registered agent's bearer token came with it.
+
+    ``google.rpc.ErrorInfo`` like every other refusal, with the reason a client branches on
+    (``UNAUTHENTICATED``, gRPC's name for it) and CrossTalk's reason and state (``rejected``:
+    nothing was read, journaled or delivered). Never the presented token.
+    """
+    return JSONRPCError(
+        code=UNAUTHENTICATED,
+        message="unauthorized: a registered agent's bearer token is required",
+        data=[{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+               "reason": "UNAUTHENTICATED", "domain": "crosstalk",
+               "metadata": {wire.ERROR_REASON: "unauthorized",
+                            wire.ERROR_STATE: M.REJECTED.value}}])
 
 
 def require_sender(context: ServerCallContext) -> Sender:

@@ -54,7 +54,7 @@ from google.protobuf.json_format import MessageToDict
 from starlette.types import Message as AsgiMessage
 
 from crosstalk.a2a import wire
-from crosstalk.a2a.asgi import RECEIVE_KEY, repaired_fields
+from crosstalk.a2a.asgi import LIST_STATUS_KEY, RECEIVE_KEY, repaired_fields
 from crosstalk.a2a.control import ClaimHandler, control_answer
 from crosstalk.a2a.errors import (
     invalid_params,
@@ -62,6 +62,7 @@ from crosstalk.a2a.errors import (
     rejected_error,
     require_sender,
 )
+from crosstalk.a2a.liststatus import status_filter
 from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy
 from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
@@ -374,7 +375,9 @@ class CrossTalkRequestHandler(RequestHandler):
                    context: ServerCallContext) -> pb.ListTasksResponse:
         sender = require_sender(context)
         validate_history_length(params)
-        page = self.book.store.list_for(sender.agent_id, params)
+        # The status as the wire had it: the SDK's parse turned an unknown name into 0.
+        raw = context.state.get(LIST_STATUS_KEY, params.status)
+        page = self.book.store.list_for(sender.agent_id, params, status=status_filter(raw))
         for task in page.tasks:
             trimmed = apply_history_length(task, params)
             if trimmed is not task:

@@ -52,6 +52,7 @@ from a2a.utils.task import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
+from crosstalk.a2a.liststatus import status_filter
 from crosstalk.a2a.taskjson import plain_state
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import DeliveryMode, Kind, Sender
@@ -364,14 +365,17 @@ class JournalTaskStore(TaskStore):
 
     # -- listing -------------------------------------------------------------------------
 
-    def list_for(self, owner: str | None, params: pb.ListTasksRequest) -> pb.ListTasksResponse:
-        """ListTasks semantics of the SDK's in-memory store, restricted to ``owner``'s tasks."""
+    def list_for(self, owner: str | None, params: pb.ListTasksRequest, *,
+                 status: int | None = None) -> pb.ListTasksResponse:
+        """ListTasks semantics of the SDK's in-memory store, restricted to ``owner``'s tasks;
+        ``status`` as the wire had it (:mod:`crosstalk.a2a.liststatus`), else from params."""
+        status = status_filter(params.status) if status is None else status
         tasks = [copy_task(s.task) for s in self._tasks.values()
                  if owner is not None and s.owner == owner]
         if params.context_id:
             tasks = [t for t in tasks if t.context_id == params.context_id]
-        if params.status:
-            tasks = [t for t in tasks if t.status.state == params.status]
+        if status:
+            tasks = [t for t in tasks if t.status.state == status]
         if params.HasField("status_timestamp_after"):
             after_ns = params.status_timestamp_after.ToNanoseconds()
             tasks = [t for t in tasks if t.status.HasField("timestamp")
