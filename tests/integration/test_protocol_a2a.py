@@ -159,9 +159,11 @@ async def test_a_refused_token_answers_401_with_the_request_id_and_an_auth_code(
                                    headers={**V1, "Authorization": f"Bearer {wrong}"})
         basic = await http.post(bob.url, json=_rpc("GetTask", {"id": "t"}, "b-1"),
                                 headers={**V1, "Authorization": "Basic eDp5"})
+        deep = await http.post(bob.url, content=b'{"id": "deep", "x": ' + b"[" * 50_000
+                               + b"]" * 50_000 + b"}", headers={**V1, "Authorization": "Bearer n"})
         big = await http.post(bob.url, content=b'{"id": "huge", "x": "' + b"y" * 4_000_000
                               + b'"}', headers={"Authorization": "Bearer nope"})
-    for resp, rid in [*answers, (not_json, None), (basic, "b-1"), (big, None)]:
+    for resp, rid in [*answers, (not_json, None), (basic, "b-1"), (deep, None), (big, None)]:
         assert resp.status_code == 401, resp.text
         assert resp.headers["www-authenticate"].startswith("Bearer")
         body = resp.json()

@@ -267,23 +267,21 @@ class BodyLimit:
 
 
 async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
-    """The request body if it ends within ``limit`` bytes; else ``None``, the rest read and
-    discarded up to ``limit`` (as :func:`_drain`), or ``None`` if the client went away."""
+    """The request body if it ends within ``limit`` bytes; else ``None`` once ``limit`` bytes
+    were read (and discarded, as :func:`_drain` would), or the client went away."""
     chunks: list[bytes] = []
     size = 0
-    while True:
+    more = True
+    while more:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks) if size <= limit else None
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        more = bool(message.get("more_body", False))
         if size > limit:
-            await _drain(receive, limit)
             return None
+    return b"".join(chunks)
 
 
 def _request_id(body: bytes | None, authorization: Sequence[str]) -> str | int | None:
