@@ -66,7 +66,7 @@ def unauthenticated_error() -> JSONRPCError:
 
     ``google.rpc.ErrorInfo`` like every other refusal, with the reason a client branches on
     (``UNAUTHENTICATED``, gRPC's name for it) and CrossTalk's reason and state (``rejected``:
-    nothing was read, journaled or delivered). Never the presented token.
+    nothing was journaled or delivered). Never the presented token.
     """
     return JSONRPCError(
         code=UNAUTHENTICATED,
