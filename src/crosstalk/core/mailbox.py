@@ -61,6 +61,7 @@ from crosstalk.core.records import (
     MessageRecord,
     MessageSubmitted,
     ReceiptRecord,
+    Record,
     Unreadable,
     parse_record,
 )
@@ -169,7 +170,17 @@ class MailboxFold:
         self._receipts: dict[str, tuple[str, int]] = {}
 
     def add(self, raw: Mapping[str, Any]) -> None:
-        rec = parse_record(raw)
+        self.take(parse_record(raw))
+
+    def step(self, raw: Mapping[str, Any], record: Record | Unreadable,
+             violation: object) -> None:
+        """As a reader of an agent's start pass (:class:`~crosstalk.core.replay.Reader`):
+        the record the pass already parsed, so the first ``receive_message`` after a start
+        reads only what came after it."""
+        self.take(record)
+
+    def take(self, rec: Record | Unreadable) -> None:
+        """One record, already parsed."""
         if isinstance(rec, Unreadable) or rec.seq is None:
             return
         seq = rec.seq
