@@ -171,11 +171,12 @@ def read(path: Path, agent_id: str) -> Opened | None:
         return None
     except OSError as exc:
         raise CheckpointRefused(f"cannot open it ({exc.strerror})") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CheckpointRefused("it is not a regular file")
     f = os.fdopen(fd, "rb")
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointRefused("it is not a regular file")
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
             raise CheckpointRefused(f"its owner or mode ({stat.S_IMODE(st.st_mode):04o}) is "
                                     "not a private file of ours")
