@@ -347,3 +347,29 @@ def test_an_agent_restarts_from_its_checkpoint_reading_only_the_tail(tmp_path: P
                 await alice.stop()
 
     asyncio.run(run())
+
+
+def test_a_start_keeps_the_state_before_finish_while_the_agent_goes_on(
+        product_journal: bytes, tmp_path: Path) -> None:
+    """The start's checkpoint is encoded in a thread after ``finish()`` settled and the agent
+    served (:meth:`StartPass.frozen`): for every crash point, what the copy encodes is what
+    the readers held before finish, whatever finish and serving changed since."""
+    changed = 0
+    for n, end in enumerate(boundaries(product_journal)[1:]):
+        path = tmp_path / f"j{n}.jsonl"
+        path.write_bytes(product_journal[:end])
+        readers, _ = full(path)
+        before = readers.sections()
+        frozen = readers.frozen()
+        readers.restore.finish()  # settles: entries change state, asks close
+        for stored in readers.tasks.latest.values():
+            stored.refs.append("later")  # what a continuation does to a live task
+            assert stored.task is not None  # a read parses it and drops its JSON
+        for raw in read_journal(path).records:
+            readers.mailbox.add(raw)  # the live mailbox goes on folding
+        try:
+            changed += readers.sections() != before
+        except ValueError:  # the live readers are past replay: sections() refuses them
+            changed += 1
+        assert frozen.sections() == before, f"crash point {n}"
+    assert changed, "no crash point where the start's state changed after the pass"

@@ -6,8 +6,8 @@ background and at a clean stop (ADR 0018).
   what follows ``X``. Anything doubtful (no checkpoint, a refused or unreadable one, a journal
   that no longer holds what was read before ``X``) is a full replay with fresh readers, one
   log line saying why: never a failed start, never a different result.
-- **After a long start pass** (:meth:`Checkpoints.started`): the readers' state is encoded
-  before ``finish()`` settles anything and written in a thread.
+- **After a long start pass** (:meth:`Checkpoints.started`): the readers' state is copied
+  before ``finish()`` settles anything, then encoded and written in a thread.
 - **While the agent lives, and at a clean stop** (:meth:`Checkpoints.advance`): a thread loads
   the last checkpoint into fresh readers, feeds them the journal's durable lines after it
   (read without the lock: :attr:`Journal.position` says how far every byte is fsynced), and
@@ -161,8 +161,9 @@ class Checkpoints:
         mark = self._mark(started.replay)
         if mark is None:
             return
-        sections = started.readers.sections()
-        self.group.spawn(self._write_later(mark, sections), what="checkpoint write")
+        # Copied now, encoded in the thread: the agent serves meanwhile (ADR 0018).
+        frozen = started.readers.frozen()
+        self.group.spawn(self._write_later(mark, frozen), what="checkpoint write")
 
     def _mark(self, replay: Replay) -> Mark | None:
         try:
@@ -176,9 +177,9 @@ class Checkpoints:
         finally:
             os.close(fd)
 
-    async def _write_later(self, mark: Mark, sections: list[tuple[str, bytes]]) -> None:
+    async def _write_later(self, mark: Mark, readers: StartPass) -> None:
         def work(stop: threading.Event) -> None:
-            self._write(mark, sections)
+            self._write(mark, readers.sections())
         await _in_thread(work)
 
     def _write(self, mark: Mark, sections: list[tuple[str, bytes]]) -> None:

@@ -19,6 +19,7 @@ changes shape.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -57,6 +58,7 @@ class StartPass:
         self.folder = Folder()
         self.claims = Kept((ClaimRecord,))
         self.replies = Kept((ReplyStaged, ReplyEnded))
+        self.agent_id = agent_id
         self.restore = Restore(receiver, agent_id=agent_id)
         self.tasks = TaskReplay()
         self.mailbox = MailboxFold()
@@ -77,6 +79,37 @@ class StartPass:
         return each
 
     # -- out --------------------------------------------------------------------------------
+
+    def frozen(self) -> StartPass:
+        """Readers holding what these hold now, that later changes to these do not reach.
+
+        An agent's start keeps its readers' state for a checkpoint before ``finish()``
+        settles anything, but encoding it takes a few tenths of a second on a 24 h journal:
+        a copy lets :meth:`sections` run in a thread while the agent serves. Everything the
+        agent goes on changing is copied (the receiver's entries, the tasks, the mailbox's
+        maps, the lists); records, senders and binding dicts are never written to, and
+        are shared.
+        """
+        out = StartPass(None, self.agent_id)
+        f, g = self.folder, out.folder
+        g.result.states = dict(f.result.states)
+        g.result.violations = list(f.result.violations)
+        g.result.unreadable = list(f.result.unreadable)
+        g._seen_at, g._gaps, g._last_seq = dict(f._seen_at), f._gaps, f._last_seq
+        out.claims.records = list(self.claims.records)
+        out.replies.records = list(self.replies.records)
+        r, q = self.restore, out.restore
+        q.entries = {mid: copy.copy(e) for mid, e in r.entries.items()}
+        q.violations = list(r.violations)
+        q._bodies = dict(r._bodies)
+        t, u = self.tasks, out.tasks
+        u.latest = {tid: s.copy() for tid, s in t.latest.items()}
+        u.undated, u.bodies = set(t.undated), dict(t.bodies)
+        u.ask_deadlines = dict(t.ask_deadlines)
+        m, n = self.mailbox, out.mailbox
+        n._entries, n._asks, n._receipts = dict(m._entries), dict(m._asks), dict(m._receipts)
+        out.records = self.records
+        return out
 
     def sections(self) -> list[tuple[str, bytes]]:
         """The readers' state as the checkpoint's parts, encoded now (it changes once
@@ -163,8 +196,9 @@ class StartPass:
                 d["records"]), "replies": lambda d: out.replies.records.extend(d["records"]),
             "restore": out._load_restore, "tasks": out._load_tasks,
             "mailbox": out._load_mailbox}
+        memo: dict[str, str] = {}
         for name, part in parts:
-            loaders[name](part)
+            loaders[name](_shared(part, memo))
             if not got or got[-1] != name:
                 got.append(name)
         if tuple(got) != _SECTIONS:
@@ -252,6 +286,39 @@ def _parts(section: dict[str, Any]) -> Iterator[dict[str, Any]]:
         rows = section[k]
         for i in range(0, len(rows), CHUNK):
             yield {k: rows[i:i + CHUNK]}
+
+
+#: Strings up to this long are shared by value across a load (see :func:`_shared`).
+_SHARED_LEN = 64
+
+
+def _shared(node: Any, memo: dict[str, str]) -> Any:
+    """``node`` (decoded JSON) with each short string replaced by the first equal one seen.
+
+    ``json.loads`` makes a new object for every string value: a 20k-message checkpoint holds
+    states, kinds, sender names and ids hundreds of thousands of times over, about 20 MB of
+    equal strings (issue 12 asks a restart to peak at 120 MB). Long strings (message texts)
+    are left alone: they rarely repeat. (Dict keys need nothing: ``json.loads`` shares them.)
+    """
+    share = memo.setdefault
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            for i, v in enumerate(item):
+                if isinstance(v, str):
+                    if len(v) <= _SHARED_LEN:
+                        item[i] = share(v, v)
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(v, str):
+                    if len(v) <= _SHARED_LEN:
+                        item[k] = share(v, v)  # an existing key: no resize mid-iteration
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+    return node
 
 
 def _violation(v: Violation) -> Row:
