@@ -56,6 +56,9 @@ class CheckpointPolicy:
     #: The background advance runs once this many records were written since the last one.
     advance_after: int = 5000
     check_seconds: float = 60.0
+    #: A start's checkpoint is encoded this long after the start (or at stop, if sooner):
+    #: the encode holds the GIL in stretches, and the start has better uses for it.
+    start_write_delay: float = 1.0
 
 
 @dataclass
@@ -151,6 +154,8 @@ class Checkpoints:
         #: Checkpoints this agent wrote (tests and the bench look).
         self.written = 0
         self._writing = threading.Lock()
+        #: A start's checkpoint not yet written: where it ends, and a copy of its readers.
+        self._pending: tuple[Mark, StartPass] | None = None
 
     def started(self, started: Started) -> None:
         """After the start pass, before ``finish()``: keep the state if the pass was long."""
@@ -161,9 +166,9 @@ class Checkpoints:
         mark = self._mark(started.replay)
         if mark is None:
             return
-        # Copied now, encoded in the thread: the agent serves meanwhile (ADR 0018).
-        frozen = started.readers.frozen()
-        self.group.spawn(self._write_later(mark, frozen), what="checkpoint write")
+        # Copied now, encoded in a thread later: the agent serves meanwhile (ADR 0018).
+        self._pending = (mark, started.readers.frozen())
+        self.group.spawn(self._write_later(), what="checkpoint write")
 
     def _mark(self, replay: Replay) -> Mark | None:
         try:
@@ -177,10 +182,16 @@ class Checkpoints:
         finally:
             os.close(fd)
 
-    async def _write_later(self, mark: Mark, readers: StartPass) -> None:
-        def work(stop: threading.Event) -> None:
-            self._write(mark, readers.sections())
-        await _in_thread(work)
+    async def _write_later(self) -> None:
+        await asyncio.sleep(self.policy.start_write_delay)
+        await self._write_pending()
+
+    async def _write_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            mark, readers = pending
+            # Once begun it is waited for, even by a cancel: the thread ignores ``stop``.
+            await _in_thread(lambda stop: self._write(mark, readers.sections()))
 
     def _write(self, mark: Mark, sections: list[tuple[str, bytes]]) -> None:
         with self._writing:
@@ -204,6 +215,7 @@ class Checkpoints:
         """A clean stop: advance the checkpoint over what this run wrote, if that is long."""
         if not self.policy.enabled:
             return
+        await self._write_pending()  # a start's, if the agent stops within its delay
         # Only past ``write_after``: an advance holds a second copy of the readers' state
         # beside the live one, and a shorter tail costs the next start a few hundredths.
         if self.journal.last_seq - self.covered >= self.policy.write_after:

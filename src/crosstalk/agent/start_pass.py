@@ -66,6 +66,10 @@ class StartPass:
         self.records = 0
         self._senders: list[Sender] = []
         self._bindings_list: list[dict[str, Any]] = []
+        # A load shares equal ids, states, kinds and names across rows and sections:
+        # ``json.loads`` makes a new string for every value, and a 20k-message checkpoint
+        # holds ~400k of them, ~25 MB (issue 12 asks a restart to peak at 120 MB).
+        self._share: Callable[[Any, Any], Any] = {}.setdefault
 
     def each(self) -> RecordSink:
         """What ``Journal.replay(each=...)`` hands each record to."""
@@ -196,9 +200,8 @@ class StartPass:
                 d["records"]), "replies": lambda d: out.replies.records.extend(d["records"]),
             "restore": out._load_restore, "tasks": out._load_tasks,
             "mailbox": out._load_mailbox}
-        memo: dict[str, str] = {}
         for name, part in parts:
-            loaders[name](_shared(part, memo))
+            loaders[name](part)
             if not got or got[-1] != name:
                 got.append(name)
         if tuple(got) != _SECTIONS:
@@ -207,9 +210,11 @@ class StartPass:
 
     def _load_folder(self, d: Mapping[str, Any]) -> None:
         f = self.folder
+        share = self._share
         for s, i, v in d.get("states", ()):
-            f.result.states[s, i] = v
-            f._seen_at.setdefault((s, i), 0)
+            key = (share(s, s), share(i, i))
+            f.result.states[key] = share(v, v)
+            f._seen_at.setdefault(key, 0)
         f._seen_at.update({(s, i): n for s, i, n in d.get("seen", ())})
         if "gaps" in d:
             f._gaps, f._last_seq = int(d["gaps"]), int(d["last_seq"])
@@ -227,8 +232,10 @@ class StartPass:
                 with contextlib.suppress(TypeError):  # a value that does not hash: not shared
                     r._bindings.setdefault(tuple(b.items()), b)
         senders, bindings, entries = self._senders, self._bindings_list, r.entries
-        for (mid, si, kind, state, ingress, reason, task_id, cont, bi, ask, reply, evidence,
-             deadline, arrived) in d.get("entries", ()):
+        share = self._share
+        for row in d.get("entries", ()):
+            (mid, si, kind, state, ingress, reason, task_id, cont, bi, ask, reply, evidence,
+             deadline, arrived) = _shared(row, (0, 2, 4, 5, 6), share)
             entries[mid] = Inbound(
                 mid, senders[si], kind, _MESSAGE_STATES[state], ingress, reason=reason,
                 task_id=task_id, continuation=cont, binding=bindings[bi] if bi >= 0 else None,
@@ -242,8 +249,10 @@ class StartPass:
             r._bodies[record.id] = (raw, record)
 
     def _load_tasks(self, d: Mapping[str, Any]) -> None:
-        t = self.tasks
-        for tid, state, owner, refs, updated_at, task in d.get("latest", ()):
+        t, share = self.tasks, self._share
+        for row in d.get("latest", ()):
+            tid, state, owner, refs, updated_at, task = _shared(row, (0, 2), share)
+            refs[:] = [share(r, r) for r in refs]
             if state is None:
                 stored = StoredTask(ParseDict(task, pb.Task(), ignore_unknown_fields=True),
                                     owner, refs, updated_at)
@@ -252,23 +261,28 @@ class StartPass:
                                            refs=refs, updated_at=updated_at)
             t.latest[tid] = stored
         t.undated.update(d.get("undated", ()))
-        for mid, text, kind, delivery, deadline, in_reply_to, hops, task_id, context_id in (
-                d.get("bodies", ())):
+        for row in d.get("bodies", ()):
+            mid, text, kind, delivery, deadline, in_reply_to, hops, task_id, context_id = (
+                _shared(row, (0, 5, 7, 8), share))
             t.bodies[mid] = Body(mid, text, _KINDS[kind], _DELIVERIES[delivery], deadline,
                                  in_reply_to, tuple(hops), task_id, context_id)
         t.ask_deadlines.update(d.get("ask_deadlines", {}))
 
     def _load_mailbox(self, d: Mapping[str, Any]) -> None:
-        m, bodies = self.mailbox, self.tasks.bodies
+        m, bodies, share = self.mailbox, self.tasks.bodies, self._share
         for row in d.get("entries", ()):
+            _shared(row, _MAILBOX_SHARED, share)  # id, state, sender, kind, ... receipt
             if row[5] == 0 and not isinstance(row[5], str):
                 row[5] = bodies[row[0]].text
             m._entries[row[0]] = MailboxEntry(*row)
-        m._asks.update({k: (s, reply, seq) for k, (s, reply, seq) in d.get("asks", {}).items()})
-        m._receipts.update({k: (label, seq) for k, (label, seq) in
+        m._asks.update({share(k, k): (share(s, s), reply, seq)
+                        for k, (s, reply, seq) in d.get("asks", {}).items()})
+        m._receipts.update({share(k, k): (share(label, label), seq) for k, (label, seq) in
                             d.get("receipts", {}).items()})
 
 
+#: The mailbox row's columns a load shares (not its text or reply).
+_MAILBOX_SHARED = (0, 1, 2, 3, 4, 6, 9, 10, 12)
 #: Rows per part of a long list (a load holds one part's JSON at a time).
 CHUNK = 2000
 _MESSAGE_STATES = {s.value: s for s in MessageState}
@@ -288,37 +302,11 @@ def _parts(section: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield {k: rows[i:i + CHUNK]}
 
 
-#: Strings up to this long are shared by value across a load (see :func:`_shared`).
-_SHARED_LEN = 64
-
-
-def _shared(node: Any, memo: dict[str, str]) -> Any:
-    """``node`` (decoded JSON) with each short string replaced by the first equal one seen.
-
-    ``json.loads`` makes a new object for every string value: a 20k-message checkpoint holds
-    states, kinds, sender names and ids hundreds of thousands of times over, about 20 MB of
-    equal strings (issue 12 asks a restart to peak at 120 MB). Long strings (message texts)
-    are left alone: they rarely repeat. (Dict keys need nothing: ``json.loads`` shares them.)
-    """
-    share = memo.setdefault
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            for i, v in enumerate(item):
-                if isinstance(v, str):
-                    if len(v) <= _SHARED_LEN:
-                        item[i] = share(v, v)
-                elif isinstance(v, (list, dict)):
-                    stack.append(v)
-        elif isinstance(item, dict):
-            for k, v in item.items():
-                if isinstance(v, str):
-                    if len(v) <= _SHARED_LEN:
-                        item[k] = share(v, v)  # an existing key: no resize mid-iteration
-                elif isinstance(v, (list, dict)):
-                    stack.append(v)
-    return node
+def _shared(row: Row, columns: tuple[int, ...], share: Callable[[Any, Any], Any]) -> Row:
+    """``row`` with the values in ``columns`` replaced by the first equal one the load saw."""
+    for i in columns:
+        row[i] = share(row[i], row[i])
+    return row
 
 
 def _violation(v: Violation) -> Row:
