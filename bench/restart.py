@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,12 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from crosstalk.agent import Agent, AgentSpec
+from crosstalk.agent.checkpoints import advanced
 from crosstalk.cli.send import frames
 from crosstalk.config import journal_path
 from crosstalk.core.ids import agent_id_for, new_message_id
 from crosstalk.core.states import AskState, MessageState
 from crosstalk.harness.fake import FakeHarness
+from crosstalk.store import checkpoint
 from crosstalk.store.journal_format import encode_line
+from crosstalk.store.journal_read import ReadMark
 from crosstalk.store.registry import Registry
 
 HARNESS = "fake"
@@ -207,11 +211,37 @@ async def child_start(home: Path, runtime: Path) -> dict[str, float]:
     took, cpu = time.perf_counter() - t, time.process_time() - cpu
     print(json.dumps({"ready": True, "start_seconds": took, "start_cpu_seconds": cpu}),
           flush=True)
+    t = time.perf_counter()
+    mailbox = agent.mailbox()  # what the first receive_message reads
+    first_receive = time.perf_counter() - t
     entries = len(agent.receiver.entries) if agent.receiver else 0
     tasks = len(agent.a2a.store.all()) if agent.a2a else 0
-    print(json.dumps({"entries": entries, "tasks": tasks}), flush=True)
+    read = agent.started.records if agent.started else -1
+    t = time.perf_counter()
     await agent.stop()
+    print(json.dumps({"entries": entries, "tasks": tasks, "mailbox": len(mailbox),
+                      "start_read_records": read,
+                      "first_receive_seconds": first_receive,
+                      "stop_seconds": time.perf_counter() - t}), flush=True)
     return {"start_seconds": took}
+
+
+def stale_checkpoint(jpath: Path, agent_id: str, behind_bytes: int) -> int:
+    """Write the checkpoint of the journal's prefix that ends ``behind_bytes`` before its end
+    (at a whole write), as a background advance would have; the records it is behind."""
+    data = jpath.read_bytes()
+    cut = data.rfind(b"\n", 0, max(0, len(data) - behind_bytes)) + 1
+    while cut > 0 and data[data.rfind(b"\n", 0, cut - 1) + 1:].startswith(b'{"b":'):
+        cut = data.rfind(b"\n", 0, cut - 1) + 1  # not inside a batch
+    fd = os.open(jpath, os.O_RDONLY)
+    try:
+        made = advanced(fd, ReadMark(os.fstat(fd).st_ino, cut),
+                        checkpoint.path_for(jpath), agent_id, threading.Event())
+    finally:
+        os.close(fd)
+    assert made is not None
+    checkpoint.write(checkpoint.path_for(jpath), agent_id, *made)
+    return data[cut:].count(b"\n")
 
 
 def child_raw(path: Path) -> None:
@@ -249,7 +279,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--per-kind", type=int, default=8, help="template messages per kind")
     ap.add_argument("--keep", default=None, help="keep the built journal in this directory")
-    ap.add_argument("--child", choices=["start", "raw"], help=argparse.SUPPRESS)
+    ap.add_argument("--stale-bytes", type=int, default=820_000,
+                    help="how far behind the stale checkpoint is (about 2,000 lines)")
+    ap.add_argument("--child", choices=["start", "raw", "stale"], help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
     ap.add_argument("--runtime", help=argparse.SUPPRESS)
     ap.add_argument("--journal", help=argparse.SUPPRESS)
@@ -259,6 +291,11 @@ def main() -> None:
         return
     if args.child == "raw":
         child_raw(Path(args.journal))
+        return
+    if args.child == "stale":
+        behind = stale_checkpoint(Path(args.journal), agent_id_for(HARNESS, SESSION),
+                                  args.stale_bytes)
+        print(json.dumps({"behind": behind}), flush=True)
         return
 
     with tempfile.TemporaryDirectory(prefix="ct-rst-", dir="/tmp") as d:
@@ -275,16 +312,28 @@ def main() -> None:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(pristine, Path(args.keep) / "restart-journal.jsonl")
         agent_id = agent_id_for(HARNESS, SESSION)
-        starts, raws = [], []
+        starts, fresh, stale, raws = [], [], [], []
+        behind = 0
         for run in range(args.runs):
             raws.append(run_child(["--child", "raw", "--journal", str(pristine)]))
-            home = tmp / f"run-{run}"
-            Registry(home)  # the private directory tree, as a first start leaves it
-            jpath = journal_path(home, agent_id)
-            jpath.parent.mkdir(mode=0o700, exist_ok=True)
-            shutil.copy(pristine, jpath)
+            home, stale_home = tmp / f"run-{run}", tmp / f"stale-{run}"
+            for h in (home, stale_home):
+                Registry(h)  # the private directory tree, as a first start leaves it
+                jpath = journal_path(h, agent_id)
+                jpath.parent.mkdir(mode=0o700, exist_ok=True)
+                shutil.copy(pristine, jpath)
+            # No checkpoint: a full replay; its clean stop leaves a fresh checkpoint.
             starts.append(run_child(["--child", "start", "--home", str(home),
                                      "--runtime", str(tmp / f"rt-{run}")]))
+            fresh.append(run_child(["--child", "start", "--home", str(home),
+                                    "--runtime", str(tmp / f"rt-{run}")]))
+            # Built in a child: a parent that had held the state would inflate the children's
+            # ru_maxrss (a forked child counts its parent's pages until it execs).
+            behind = run_child(["--child", "stale", "--journal",
+                                str(journal_path(stale_home, agent_id)),
+                                "--stale-bytes", str(args.stale_bytes)])["behind"]
+            stale.append(run_child(["--child", "start", "--home", str(stale_home),
+                                    "--runtime", str(tmp / f"rt-s-{run}")]))
         emit(figure="baseline_raw_read_split", runs=args.runs,
              seconds_median=_median(raws, "start_seconds"),
              spawn_to_ready_median=_median(raws, "spawn_to_ready_seconds"),
@@ -293,10 +342,28 @@ def main() -> None:
              entries=starts[-1].get("entries"), tasks=starts[-1].get("tasks"),
              start_seconds_median=_median(starts, "start_seconds"),
              start_seconds_max=round(max(s["start_seconds"] for s in starts), 3),
-             start_cpu_seconds_median=_median(starts, "start_cpu_seconds"),
              spawn_to_ready_median=_median(starts, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in starts), 1),
-             baseline="baseline_raw_read_split")
+             baseline="baseline_raw_read_split", **_more(starts))
+        emit(figure="agent_restart_fresh_checkpoint", runs=args.runs,
+             start_seconds_median=_median(fresh, "start_seconds"),
+             start_seconds_max=round(max(s["start_seconds"] for s in fresh), 3),
+             spawn_to_ready_median=_median(fresh, "spawn_to_ready_seconds"),
+             peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in fresh), 1), **_more(fresh))
+        emit(figure="agent_restart_stale_checkpoint", runs=args.runs, behind_lines=behind,
+             start_seconds_median=_median(stale, "start_seconds"),
+             start_seconds_max=round(max(s["start_seconds"] for s in stale), 3),
+             spawn_to_ready_median=_median(stale, "spawn_to_ready_seconds"),
+             peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in stale), 1), **_more(stale))
+
+
+def _more(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every start figure adds: the first receive_message, the stop, what was read."""
+    return {"start_cpu_seconds_median": _median(reports, "start_cpu_seconds"),
+            "first_receive_seconds_median": _median(reports, "first_receive_seconds"),
+            "stop_seconds_median": _median(reports, "stop_seconds"),
+            "start_read_records": reports[-1]["start_read_records"],
+            "mailbox_entries": reports[-1]["mailbox"]}
 
 
 def _median(reports: list[dict[str, Any]], key: str) -> float:

@@ -112,12 +112,14 @@ class Receiver:
         grows, each record read once (``receive_message`` polls this)."""
         def restart() -> None:  # the journal was replaced (retention) or cut: fold anew
             self._mailbox = MailboxFold()
-
         def add(record: Mapping[str, Any]) -> None:  # the fold restart() left, not the old one
             self._mailbox.add(record)
 
         self._mailbox_mark = self.journal.read_since(self._mailbox_mark, add, restart)
         return self._mailbox.entries()
+
+    def follow(self, fold: MailboxFold, mark: ReadMark) -> None:
+        self._mailbox, self._mailbox_mark = fold, mark  # a start pass's, read up to mark
 
     # -- the chain -------------------------------------------------------------------------
 

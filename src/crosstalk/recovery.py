@@ -66,10 +66,17 @@ class Restore:
     writes); :meth:`finish` settles, writing to the journal, and returns what resumes.
     """
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: Receiver | None, *, agent_id: str | None = None) -> None:
+        #: ``None`` for a reader that only rebuilds (a checkpoint's, :mod:`crosstalk.agent.
+        #: start_pass`): it keeps its own entries, and :meth:`finish` is not for it.
         self.receiver = receiver
-        #: The first record of each message still ``submitted``: its body, rebuilt at the end.
-        self._bodies: dict[str, MessageSubmitted] = {}
+        self.agent_id = receiver.agent_id if receiver is not None else agent_id or "?"
+        self.entries: dict[str, Inbound] = receiver.entries if receiver is not None else {}
+        self.violations: list[Violation] = (receiver.replay_violations
+                                            if receiver is not None else [])
+        #: The first record of each message still ``submitted`` (as stored, and typed): its
+        #: body, rebuilt at the end.
+        self._bodies: dict[str, tuple[Mapping[str, Any], MessageSubmitted]] = {}
         # Entries share equal senders and binding dicts (nothing writes either): thousands
         # of messages from a few senders under one binding need not each hold a copy.
         self._senders: dict[Sender, Sender] = {}
@@ -77,29 +84,30 @@ class Restore:
 
     def step(self, raw: Mapping[str, Any], record: Record | Unreadable,
              violation: Violation | None) -> None:
-        receiver = self.receiver
         if violation is not None:
-            log.warning("receiver %s: journal record not adopted: %s", receiver.agent_id,
+            log.warning("receiver %s: journal record not adopted: %s", self.agent_id,
                         violation)
-            receiver.replay_violations.append(violation)
+            self.violations.append(violation)
         elif isinstance(record, _MESSAGE_RECORDS):
-            entry = receiver.entries.get(record.id)
+            entry = self.entries.get(record.id)
             if entry is None:
-                receiver.entries[record.id] = self._entry(record)
+                self.entries[record.id] = self._entry(record)
                 if isinstance(record, MessageSubmitted):
-                    self._bodies[record.id] = record
+                    self._bodies[record.id] = (raw, record)
             else:
                 _restore_message(entry, record)
                 if entry.state is not M.SUBMITTED:
                     self._bodies.pop(record.id, None)
         elif isinstance(record, _ASK_RECORDS):
-            _restore_ask(receiver, record)
+            _restore_ask(self.entries, record)
 
     def finish(self) -> list[Inbound]:
         """Settle what the records left open (the module's rules); the A2A first messages to
         resume."""
         receiver = self.receiver
-        for message_id, first in self._bodies.items():
+        if receiver is None:
+            raise TypeError("a Restore without a receiver only rebuilds")
+        for message_id, (_, first) in self._bodies.items():
             receiver.entries[message_id].message = first.message()
         self._bodies.clear()
         return _settle(receiver)
@@ -192,8 +200,8 @@ def _restore_message(entry: Inbound, rec: MessageRecord) -> None:
         entry.message = None
 
 
-def _restore_ask(receiver: Receiver, rec: AskOpened | AskEnded) -> None:
-    entry = receiver.entries.get(rec.id)
+def _restore_ask(entries: Mapping[str, Inbound], rec: AskOpened | AskEnded) -> None:
+    entry = entries.get(rec.id)
     if entry is None:
         return
     entry.ask = rec.state

@@ -201,6 +201,18 @@ class StoredTask:
         #: Set on an unread task: its history, rebuilt when it is parsed.
         self.history: HistoryOf | None = None
 
+    def copy(self) -> StoredTask:
+        """A copy the store's later changes to this one do not reach (a parsed task's
+        protobuf is copied too; a JSON one is never written to)."""
+        out = StoredTask.__new__(StoredTask)
+        task = None
+        if self._task is not None:
+            task = pb.Task()
+            task.CopyFrom(self._task)
+        out._fill(self.id, task, self.owner, list(self.refs), self.updated_at)
+        out._raw, out._state, out.history = self._raw, self._state, self.history
+        return out
+
     @property
     def task(self) -> pb.Task:
         if self._task is None:

@@ -26,8 +26,8 @@ import httpx
 from crosstalk import proc
 from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
-from crosstalk.a2a.taskstore import TaskReplay
 from crosstalk.agent import claims, outbound, replies
+from crosstalk.agent.checkpoints import CheckpointPolicy, Checkpoints, Started, start_pass
 from crosstalk.agent.claims import claim_state
 from crosstalk.agent.lane import DispatchLane
 from crosstalk.agent.replies import ReplyProgress, reply_state
@@ -39,8 +39,7 @@ from crosstalk.core.mailbox import MailboxEntry
 from crosstalk.core.message import Sender
 from crosstalk.core.naming import name_candidates
 from crosstalk.core.policy import ClaimState, ControlResult, TargetRole
-from crosstalk.core.records import ClaimRecord, ReceiptRecord, Record, ReplyEnded, ReplyStaged
-from crosstalk.core.replay import Kept, replay_into
+from crosstalk.core.records import ReceiptRecord, Record
 from crosstalk.core.states import MessageState, ReplyState
 from crosstalk.harness.base import (
     Binding,
@@ -55,6 +54,7 @@ from crosstalk.harness.base import (
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Receiver, ReceiverUnavailable
 from crosstalk.store.journal import Journal, JournalError
+from crosstalk.store.journal_read import ReadMark
 from crosstalk.store.registry import (
     Descriptor,
     NameChoice,
@@ -91,7 +91,8 @@ class Agent:
                  env: dict[str, str] | None = None, clock: Callable[[], float] = time.time,
                  idle_timeout: float = 30.0,
                  control_sinks: Sequence[ControlSink] = (),
-                 reconciler: Reconciler | None = None) -> None:
+                 reconciler: Reconciler | None = None,
+                 checkpoint_policy: CheckpointPolicy | None = None) -> None:
         self.registry = registry
         self.spec = spec
         self.limits = limits or Limits()
@@ -118,6 +119,10 @@ class Agent:
         #: Finds evidence that an ambiguous injection reached the session (Codex), if any.
         self.reconciler = reconciler
         self.native_sends: set[str] = set()
+        #: When the restart checkpoint is written (ADR 0018); what the last start read.
+        self.checkpoint_policy = checkpoint_policy or CheckpointPolicy()
+        self.checkpoints: Checkpoints | None = None
+        self.started: Started | None = None
 
     @property
     def name(self) -> str:
@@ -153,13 +158,19 @@ class Agent:
                                      harness=spec.harness, binding=binding, limits=self.limits,
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
-            # One streaming pass for every reader of the journal (issue 12, item 6).
-            claims, replies = Kept((ClaimRecord,)), Kept((ReplyStaged, ReplyEnded))
-            restorer, tasks = self.receiver.restorer(), TaskReplay()
-            self.journal.replay(replay_into([claims, replies, restorer, tasks]))
-            self.claim = claim_state(claims.records)
-            self.reply_states = reply_state(replies.records)
-            resumable = restorer.finish()
+            # One streaming pass for every reader of the journal, from a restart checkpoint
+            # when one holds (issue 12, item 6; ADR 0018).
+            self.started = start_pass(self.journal, self.receiver, self.checkpoint_policy)
+            read = self.started.readers
+            self.claim = claim_state(read.claims.records)
+            self.reply_states = reply_state(read.replies.records)
+            self.checkpoints = Checkpoints(self.journal, self.agent_id,
+                                           self.checkpoint_policy, self.group)
+            await self.group.open()  # (the lane opens it too; the write is its task)
+            self.checkpoints.started(self.started)  # before finish() settles anything
+            resumable = read.restore.finish()
+            self.receiver.follow(read.mailbox, ReadMark(self.started.replay.ino,
+                                                        self.started.replay.end))
             self.lane = DispatchLane(self.receiver, self.group)
             await self.lane.start()
             self.uds = UdsIngress(uds_path, self.receiver, self.registry, lane=self.lane,
@@ -168,8 +179,8 @@ class Agent:
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, lane=self.lane,
                                  limits=self.limits)
-            self._wire_claims(claims.records)
-            self.a2a.restore(tasks, resumable)
+            self._wire_claims(read.claims.records)
+            self.a2a.restore(read.tasks, resumable)
             url = await self.a2a.start()
             cred = reg.issue_credential()
             pid, started = own_process_identity()
@@ -187,6 +198,8 @@ class Agent:
             reg.publish(self.descriptor)
             self._recovery = self.group.spawn(self._recover(), what="recovery")
             self.group.spawn(self._keep_descriptor(), what="descriptor watch")
+            if self.checkpoint_policy.enabled:
+                self.group.spawn(self.checkpoints.keep(), what="checkpoint advance")
         except BaseException:
             await self.stop()
             raise
@@ -247,6 +260,12 @@ class Agent:
                 await self.uds.stop()
             self.uds = None
         await self.group.close()
+        checkpoints, self.checkpoints = self.checkpoints, None
+        if checkpoints is not None and self.journal is not None:
+            try:  # nothing of ours writes any more: the next start reads only what follows
+                await checkpoints.at_stop()
+            except Exception:
+                log.exception("agent %s: checkpoint at stop failed", self.agent_id)
         if self.http is not None:
             await self.http.aclose()
             self.http = None

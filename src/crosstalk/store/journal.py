@@ -55,7 +55,7 @@ from crosstalk.store.journal_format import (
     standalone,
     whole_writes,
 )
-from crosstalk.store.journal_read import Damage, ReadMark, RecordSink, Replay, read_from
+from crosstalk.store.journal_read import Damage, ReadMark, RecordSink, Replay, Resume, read_from
 
 
 class JournalError(Exception):
@@ -132,6 +132,12 @@ class Journal:
     def last_seq(self) -> int:
         return self._last_seq
 
+    @property
+    def position(self) -> ReadMark:
+        """The file, and where its last line accounted for (so fsynced) ends."""
+        with self._mutex:
+            return ReadMark(self._ino, self._offset)
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with self._mutex:
@@ -185,7 +191,7 @@ class Journal:
             return
         sink = collect if collect is not None else Replay()
         take = each if each is not None else sink.records.append if reading else None
-        start = 0 if reading else self._offset
+        start = sink.start if reading else self._offset
         end = start
         for line, decoded in whole_writes(scan_lines(self._fd, start, size, self._max_line)):
             end = line.end + 1
@@ -203,6 +209,7 @@ class Journal:
             if limit is None:
                 self._cut_torn_tail_locked(end, size, reading=reading)
         self._offset = sink.end = end
+        sink.ino = self._ino
 
     def _reopen_if_replaced_locked(self) -> None:
         """Another process's retention may have renamed a new file over ours."""
@@ -225,7 +232,7 @@ class Journal:
             if not reading:
                 raise
 
-    def replay(self, each: RecordSink | None = None) -> Replay:
+    def replay(self, each: RecordSink | None = None, since: Resume | None = None) -> Replay:
         """Every intact record in order, plus what was skipped.
 
         Never raises on damage, nor on a repair it cannot make: if a failed append (or a torn
@@ -236,7 +243,8 @@ class Journal:
         (``records`` stays empty): memory stays bounded by the read chunk whatever the
         journal's size. ``each`` runs under the journal's lock, so it must not write to this
         journal (any call from it that takes the lock raises :class:`JournalError`); an
-        exception it raises ends the replay and propagates.
+        exception it raises ends the replay and propagates. With ``since``, only what follows
+        it is read, or :class:`~crosstalk.store.journal_read.ResumeRefused` says why not.
         """
         with self._locked():
             limit = None
@@ -245,7 +253,12 @@ class Journal:
             except JournalWriteError:
                 limit = self._truncate_to
             result = Replay()
-            self._last_seq = 0
+            if since is not None:  # checked before anything changes: a refusal changes nothing
+                self._reopen_if_replaced_locked()
+                size = os.fstat(self._fd).st_size
+                since.check(self._fd, self._ino, size if limit is None else min(size, limit))
+                self._offset = result.start = since.offset
+            self._last_seq = since.seq if since is not None else 0
             self._streaming = each is not None
             try:
                 with _collector_paused() if each is not None else contextlib.nullcontext():

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from crosstalk.config import MAX_JOURNAL_LINE
 from crosstalk.core.replay import Violation, audit
@@ -35,7 +35,29 @@ class Replay:
     damage: list[Damage] = field(default_factory=list)
     #: Byte offset just past the last complete line.
     end: int = 0
+    #: The inode of the file read (retention renames a new file over the old).
+    ino: int = -1
+    #: Where the read started: 0, or the offset of the :class:`Resume` it continued from.
+    start: int = 0
 
+
+class ResumeRefused(Exception):
+    """A :class:`Resume` the journal does not continue: the caller replays from the start."""
+
+
+class Resume(Protocol):
+    """Where a replay may continue instead of starting over (a restart checkpoint's mark):
+    the records before ``offset`` were read already, ``seq`` is the highest among them."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    def check(self, fd: int, ino: int, size: int) -> None:
+        """Raise :class:`ResumeRefused` (saying why) unless the file open at ``fd`` (inode
+        ``ino``, readable up to ``size``) still holds what was read before ``offset``."""
 
 
 def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Replay:
