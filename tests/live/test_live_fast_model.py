@@ -13,8 +13,6 @@ send accepted, the answer in its own session, in reply to its message).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.live.conftest import Timings
@@ -71,8 +69,8 @@ def test_a_claude_receiver_answers_at_once(world: World, timings: Timings, kind:
     assert (entry["kind"], entry["from"], entry["text"]) == (kind, "alpha", text)
     assert entry["state"] in SHOWN, entry
 
-    _, replied = claude_tool_json(beta, claude_step(beta, "b-reply"))
-    timings.add(f"{kind}: B's reply tool_use -> its result", time.time() - reply_call["t"])
+    answered, replied = claude_tool_json(beta, claude_step(beta, "b-reply"))
+    timings.add(f"{kind}: B's reply tool_use -> its result", answered["t"] - reply_call["t"])
     assert replied.get("error") is None, replied
     assert (replied["state"], replied["in_reply_to"]) == ("accepted", mid)
 
