@@ -149,8 +149,8 @@ async def delivery_outcome(receiver: Receiver, entry: Inbound, timeout: float) -
 
 
 async def _delivered(receiver: Receiver, message_id: str) -> Inbound:
-    """The delivered inbound message a reply answers; one still being delivered once its
-    outcome is known (:func:`delivery_outcome`). :class:`ReplyRefused` if there is none."""
+    """The delivered inbound message a reply answers (one still being delivered is waited
+    for, :func:`delivery_outcome`); :class:`ReplyRefused` if there is none."""
     entry = receiver.entries.get(message_id)
     if entry is not None and entry.state is MessageState.DISPATCHING:
         entry = await delivery_outcome(receiver, entry, DELIVERY_WAIT)

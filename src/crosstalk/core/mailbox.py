@@ -26,7 +26,6 @@ Shown by default:
 - ``unreachable``: could not be delivered (e.g. bound to another conversation); the seed has
   such records surface here (§5 journal, test 21).
 - ``bounced``: the model's own native reply, which was not delivered (seed 000 ADR 0009).
-
 - ``delivering`` (the journal's ``dispatching``): the dispatch lock is journaled and fsynced,
   the harness is putting it into the session, and its outcome is not known yet. A model may
   already have it: Claude shows a frame to its model ~100 ms after the inbox reads it, while
