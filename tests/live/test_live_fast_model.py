@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 
 from tests.live.conftest import Timings
-from tests.live.support.claude import World, is_main, last_user_text
-from tests.live.support.codex import CodexWorld, output_json, request_text
+from tests.live.support.claude import World, is_main, last_user_text, request_text
+from tests.live.support.codex import CodexWorld, output_json
+from tests.live.support.codex import request_text as codex_text
 from tests.live.support.extras import ENVELOPE, IN_REPLY_TO
 from tests.live.support.fast import (
     claude_fast_model,
@@ -74,10 +75,11 @@ def test_a_claude_receiver_answers_at_once(world: World, timings: Timings, kind:
     assert replied.get("error") is None, replied
     assert (replied["state"], replied["in_reply_to"]) == ("accepted", mid)
 
-    # What the sender finally sees: the answer in its own session, in reply to its message.
-    at_a = alpha.wait_for_request(lambda e: is_main(e) and answer in last_user_text(e),
+    # What the sender finally sees: the answer in its own session, in reply to its message
+    # (it may join the turn A's own tool call is still in: anywhere in the request).
+    at_a = alpha.wait_for_request(lambda e: is_main(e) and answer in request_text(e),
                                   after=send_call["seq"])
-    (env,) = [m for m in ENVELOPE.finditer(last_user_text(at_a)) if m["body"] == answer]
+    (env,) = [m for m in ENVELOPE.finditer(request_text(at_a)) if m["body"] == answer]
     assert env["name"] == "beta"
     assert IN_REPLY_TO.search(env["meta"])[1] == mid  # type: ignore[index]
     assert env["id"] == replied["message_id"]
@@ -106,7 +108,7 @@ def test_a_codex_receiver_answers_at_once(codex_world: CodexWorld, timings: Timi
     timings.add(f"{kind}: X's function_call -> Y's model shown the message",
                 shown["t"] - asked["t"])
     timings.add(f"{kind}: Y's receive_message call -> its output", took)
-    assert text in request_text(shown)
+    assert text in codex_text(shown)
     entry = listed(output_json(received), mid)
     print(f"[fast codex {kind}] receive_message listed it as {entry['state']!r}")
     assert (entry["kind"], entry["from"], entry["text"]) == (kind, x.descriptor()["name"],
@@ -120,8 +122,8 @@ def test_a_codex_receiver_answers_at_once(codex_world: CodexWorld, timings: Timi
     assert (replied["state"], replied["in_reply_to"]) == ("accepted", mid)
 
     # What the sender finally sees: the answer in X's thread, in reply to its message.
-    at_x = x.wait_for_request(lambda e: e.get("kind") == "main" and answer in request_text(e),
+    at_x = x.wait_for_request(lambda e: e.get("kind") == "main" and answer in codex_text(e),
                               timeout=30, after=after)
-    seen = request_text(at_x)
+    seen = codex_text(at_x)
     assert f'in-reply-to="{mid}"' in seen, seen[-1500:]
     assert f'message-id="{replied["message_id"]}"' in seen
