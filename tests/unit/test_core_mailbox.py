@@ -15,6 +15,7 @@ from crosstalk.core.mailbox import (
     DEFAULT_LIMIT,
     DEFAULT_STATES,
     MAX_LIMIT,
+    SHOWN_STATES,
     CursorError,
     MailboxEntry,
     bounce_text,
@@ -157,15 +158,24 @@ def one_per_state() -> list[dict[str, Any]]:
 
 
 def test_default_set_is_decided() -> None:
-    assert set(DEFAULT_STATES) == {"accepted", "queued", "unknown", "recovered", "unreachable",
-                                   "bounced"}
+    assert set(DEFAULT_STATES) == {"dispatching", "accepted", "queued", "unknown", "recovered",
+                                   "unreachable", "bounced"}
+
+
+def test_a_message_being_delivered_is_shown_as_delivering() -> None:
+    """The journal's ``dispatching`` is what a model calls ``delivering`` (ADR 0018); a filter
+    may name it either way."""
+    entries = build_entries([msg(1, "a"), move(2, "a", "dispatching")])
+    assert [e.to_tool_dict()["state"] for e in page(entries).entries] == ["delivering"]
+    for name in ("delivering", "dispatching"):
+        assert [e.message_id for e in page(entries, state=name).entries] == ["a"]
 
 
 def test_default_filter_shows_what_the_model_should_see() -> None:
     result = page(build_entries(one_per_state()))
     shown = {e.state for e in result.entries}
     assert shown == set(DEFAULT_STATES)
-    assert shown.isdisjoint({"submitted", "dispatching", "canceled", "rejected"})
+    assert shown.isdisjoint({"submitted", "canceled", "rejected"})
 
 
 @pytest.mark.parametrize("state", ALL_STATES)
@@ -177,7 +187,7 @@ def test_explicit_state_filter(state: str) -> None:
 def test_invalid_state_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="delivered") as info:
         page([], state="delivered")
-    for s in ALL_STATES:
+    for s in SHOWN_STATES:
         assert s in str(info.value)
 
 
@@ -239,7 +249,7 @@ def test_polling_cursor_sees_only_later_changes() -> None:
     assert [e.message_id for e in done.entries] == ["a"]
     # The cursor moved past the rejected entry too: nothing to see until something changes.
     assert decode_cursor(done.next_cursor) == 5
-    records += [move(9, "a", "accepted"), msg(10, "c"), move(11, "c", "dispatching")]
+    records += [move(9, "a", "accepted"), msg(10, "c"), move(11, "c", "canceled")]
     later = page(build_entries(records), after=done.next_cursor)
     assert [(e.message_id, e.state) for e in later.entries] == [("a", "accepted")]
     assert decode_cursor(later.next_cursor) == 11

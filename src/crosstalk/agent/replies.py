@@ -6,6 +6,8 @@ resumes from its stage (:func:`resume_reply`) instead of answering twice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,13 +20,14 @@ from crosstalk.core.states import (
     DELIVERED,
     AskEvent,
     AskState,
+    MessageState,
     ReplyEvent,
     ReplyState,
     reply_event_for_send,
     reply_next,
     send_result_state,
 )
-from crosstalk.receiver import Inbound
+from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.journal import JournalError
 from crosstalk.store.registry import RegistryError
 
@@ -32,6 +35,12 @@ if TYPE_CHECKING:
     from crosstalk.agent.core import Agent
 
 log = logging.getLogger(__name__)
+
+#: How long a reply to a message still being delivered waits for its outcome: a Claude frame
+#: settles within its receipt grace (0.2 s) and a Codex ``turn/start`` within a request; only
+#: a message still waiting for a pacing token (seen in the mailbox, not yet written) takes
+#: longer, and its reply is refused as pending rather than hold the model's tool call.
+DELIVERY_WAIT = 30.0
 
 
 class ReplyRefused(Exception):
@@ -77,10 +86,7 @@ async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
     """
     if agent.receiver is None or agent.journal is None:
         raise RegistryError("agent is not registered")
-    entry = agent.receiver.entries.get(message_id)
-    if entry is None or entry.state not in DELIVERED:
-        raise ReplyRefused("no_such_message", "no delivered inbound message has that id; "
-                           "see receive_message, or use send_message")
+    entry = await _delivered(agent.receiver, message_id)
     if not entry.sender.verified or entry.sender.agent_id is None:
         raise ReplyRefused("sender_unverified", "the sender is not a registered agent; "
                            "answer with send_message if you know who it is")
@@ -112,6 +118,58 @@ async def reply(agent: Agent, message_id: str, text: str) -> dict[str, Any]:
         prior = ReplyProgress(staged.reply_id, text, staged.to, staged.state)
         agent.reply_states[message_id] = prior
     return await complete_reply(agent, message_id, prior)
+
+
+async def delivery_outcome(receiver: Receiver, entry: Inbound, timeout: float) -> Inbound:
+    """``entry`` once its injection has an outcome (or ``timeout`` passed).
+
+    A model can answer a message while it is still ``dispatching`` (the mailbox's
+    ``delivering``): Claude shows a frame ~100 ms after its inbox reads it, and the injector
+    learns the outcome only when the receipt grace ends. The reply waits for that outcome
+    rather than answer first: only a delivery opens the obligation (ADR 0018), so neither the
+    asker nor the journal is ever told "answered" for a message whose injection failed, and
+    the asker's view keeps its order (delivered, then answered).
+    """
+    if entry.state is not MessageState.DISPATCHING:
+        return entry
+    settled = asyncio.Event()
+
+    def on_change(changed: Inbound) -> None:
+        if changed.message_id == entry.message_id and (
+                changed.state is not MessageState.DISPATCHING):
+            settled.set()
+
+    receiver.listeners.append(on_change)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settled.wait(), timeout)
+    finally:
+        receiver.listeners.remove(on_change)
+    return receiver.entries.get(entry.message_id, entry)
+
+
+async def _delivered(receiver: Receiver, message_id: str) -> Inbound:
+    """The delivered inbound message a reply answers (one still being delivered is waited
+    for, :func:`delivery_outcome`); :class:`ReplyRefused` if there is none."""
+    entry = receiver.entries.get(message_id)
+    if entry is not None and entry.state is MessageState.DISPATCHING:
+        entry = await delivery_outcome(receiver, entry, DELIVERY_WAIT)
+        if entry.state not in DELIVERED:
+            raise _not_delivered(entry)
+    if entry is None or entry.state not in DELIVERED:
+        raise ReplyRefused("no_such_message", "no delivered inbound message has that id; "
+                           "see receive_message, or use send_message")
+    return entry
+
+
+def _not_delivered(entry: Inbound) -> ReplyRefused:
+    """The refusal of a reply to a message whose delivery failed, or is still open."""
+    if entry.state is MessageState.DISPATCHING:
+        return ReplyRefused("delivery_pending", "that message is still being delivered; "
+                            "call reply again in a moment")
+    why = f"{entry.state.value}: {entry.reason}" if entry.reason else entry.state.value
+    return ReplyRefused("not_delivered", f"that message was not delivered ({why}), so it "
+                        "cannot be answered with reply; nothing was sent")
 
 
 async def complete_reply(agent: Agent, message_id: str,

@@ -26,15 +26,22 @@ Shown by default:
 - ``unreachable``: could not be delivered (e.g. bound to another conversation); the seed has
   such records surface here (§5 journal, test 21).
 - ``bounced``: the model's own native reply, which was not delivered (seed 000 ADR 0009).
+- ``delivering`` (the journal's ``dispatching``): the dispatch lock is journaled and fsynced,
+  the harness is putting it into the session, and its outcome is not known yet. A model may
+  already have it: Claude shows a frame to its model ~100 ms after the inbox reads it, while
+  the injector waits out its receipt grace, and a model that answers at once must find the
+  message it was just shown (issue 13). The journal keeps ``dispatching`` (the word for "never
+  resent", R2); the mailbox says what it means to a model. ``reply`` to such a message waits
+  for the outcome (ADR 0018).
 
 Not shown by default:
 
 - ``rejected``: a policy, auth, hop, admission or size failure "stays out of the mailbox" (R2).
 - ``submitted``: still in flight, or a stranded A2A continuation that stays out (R2).
-- ``dispatching``: a journal-internal state only (§8).
 - ``canceled``: the sender canceled it before dispatch; it reached no one.
 
-An explicit ``state`` shows every entry in that state, the excluded ones too.
+An explicit ``state`` shows every entry in that state, the excluded ones too; ``delivering``
+and ``dispatching`` name the same entries.
 
 An ask's change (answered, expired, closed) is a change of its entry: it moves the entry's
 latest ``seq``, so an expiry reaches a model that polls with a cursor.
@@ -75,11 +82,18 @@ MAX_LIMIT = 100
 
 #: The entries ``receive_message`` shows when no ``state`` is given (see the module docstring).
 DEFAULT_STATES: frozenset[str] = frozenset(s.value for s in (
-    *DELIVERED, MessageState.UNKNOWN, MessageState.RECOVERED, MessageState.UNREACHABLE,
-    MessageState.BOUNCED,
+    *DELIVERED, MessageState.DISPATCHING, MessageState.UNKNOWN, MessageState.RECOVERED,
+    MessageState.UNREACHABLE, MessageState.BOUNCED,
 ))
 
 MESSAGE_STATES: frozenset[str] = frozenset(s.value for s in MessageState)
+
+#: What the mailbox calls a journal state when the journal's word is not a model's.
+DELIVERING = "delivering"
+SHOWN_AS: Mapping[str, str] = {MessageState.DISPATCHING.value: DELIVERING}
+_JOURNAL_STATE: Mapping[str, str] = {shown: state for state, shown in SHOWN_AS.items()}
+#: Every ``state`` a ``receive_message`` caller may name (the journal's names are kept).
+SHOWN_STATES: tuple[str, ...] = tuple(SHOWN_AS.get(s.value, s.value) for s in MessageState)
 
 #: How much of a bounced native message's first line the bounce quotes.
 BOUNCE_QUOTE_CHARS = 200
@@ -124,7 +138,7 @@ class MailboxEntry:
             "from": self.sender,
             "from_agent_id": self.sender_agent_id,
             "kind": self.kind,
-            "state": self.state,
+            "state": SHOWN_AS.get(self.state, self.state),
             "text": self.text,
             "in_reply_to": self.in_reply_to,
             "reason": self.reason,
@@ -275,9 +289,10 @@ def clamp_limit(limit: int | None) -> int:
 
 
 def check_state(state: str) -> str:
+    """The journal state a ``state`` filter names (a shown name, or the journal's own)."""
+    state = _JOURNAL_STATE.get(state, state)
     if state not in MESSAGE_STATES:
-        valid = ", ".join(s.value for s in MessageState)
-        raise ValueError(f"unknown state {state!r}; valid states: {valid}")
+        raise ValueError(f"unknown state {state!r}; valid states: {', '.join(SHOWN_STATES)}")
     return state
 
 
