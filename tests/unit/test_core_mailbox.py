@@ -163,7 +163,7 @@ def test_default_set_is_decided() -> None:
 
 
 def test_a_message_being_delivered_is_shown_as_delivering() -> None:
-    """The journal's ``dispatching`` is what a model calls ``delivering`` (ADR 0018); a filter
+    """The journal's ``dispatching`` is what a model calls ``delivering`` (ADR 0019); a filter
     may name it either way."""
     entries = build_entries([msg(1, "a"), move(2, "a", "dispatching")])
     assert [e.to_tool_dict()["state"] for e in page(entries).entries] == ["delivering"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from crosstalk.a2a.taskreplay import TaskReplay
 from crosstalk.a2a.taskstore import JournalTaskStore
 from crosstalk.agent.claims import claim_state
 from crosstalk.agent.replies import reply_state
@@ -257,10 +258,10 @@ def test_a_journal_in_the_shapes_older_writers_use_replays_clean(tmp_path: Path)
                    "task": {"id": "t2", "status": {"state": "TASK_STATE_SUBMITTED"}}}
     with Journal(tmp_path / "agent.jsonl") as journal:
         store = JournalTaskStore(journal, clock=lambda: 1000.0)
-        (kept,) = store.load([legacy_task], now=1000.0)
+        (kept,) = store.load(TaskReplay.of([legacy_task]), now=1000.0)
         assert (kept.task.id, kept.owner, kept.refs) == ("t2", "o", ["m9"])
         deleted = {"type": "task_deleted", "id": "t2", "refs": ["m9"], "seq": 2}
-        assert store.load([legacy_task, deleted], now=1000.0) == []
+        assert store.load(TaskReplay.of([legacy_task, deleted]), now=1000.0) == []
 
 
 def test_the_task_store_reports_an_illegal_task_sequence_and_does_not_adopt_it(
@@ -274,7 +275,8 @@ def test_the_task_store_reports_an_illegal_task_sequence_and_does_not_adopt_it(
                        task(TaskState.COMPLETED), task(TaskState.WORKING))
     with (Journal(tmp_path / "agent.jsonl") as journal,
           caplog.at_level(logging.WARNING, logger="crosstalk.a2a.taskstore")):
-        (kept,) = JournalTaskStore(journal, clock=lambda: 1000.0).load(records, now=1000.0)
+        store = JournalTaskStore(journal, clock=lambda: 1000.0)
+        (kept,) = store.load(TaskReplay.of(records), now=1000.0)
     assert kept.state is TaskState.COMPLETED, "completed -> working is not adopted"
     assert "not adopting task record" in caplog.text
     assert "'completed' -> 'working' is not allowed" in caplog.text

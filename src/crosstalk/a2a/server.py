@@ -27,8 +27,9 @@ from crosstalk.a2a import asgi
 from crosstalk.a2a.control import ClaimHandler
 from crosstalk.a2a.handler import CrossTalkRequestHandler
 from crosstalk.a2a.listener import Listener
+from crosstalk.a2a.taskreplay import TaskReplay
 from crosstalk.a2a.tasks import Lane, TaskBook
-from crosstalk.a2a.taskstore import JournalTaskStore, TaskReplay
+from crosstalk.a2a.taskstore import JournalTaskStore
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Sender

@@ -32,11 +32,11 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InternalError
 
 from crosstalk.a2a import wire
+from crosstalk.a2a.taskreplay import TaskReplay
 from crosstalk.a2a.taskstore import (
     Body,
     JournalTaskStore,
     StoredTask,
-    TaskReplay,
     TaskStoreError,
     copy_task,
     is_terminal,
@@ -280,7 +280,7 @@ class TaskBook:
         """Rebuild the tasks from the journal on start (seed S12, R2); returns what resumes.
 
         ``records`` default to one streaming ``receiver.journal.replay()``; a
-        :class:`~crosstalk.a2a.taskstore.TaskReplay` is what a replay shared with the other
+        :class:`~crosstalk.a2a.taskreplay.TaskReplay` is what a replay shared with the other
         readers of a start already read. ``resumable`` is what the receiver's restore
         returned; if it is ``None`` this method restores the receiver itself in the same
         pass (so call it exactly once per receiver, here or by the owner).

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import TaskStore
@@ -53,21 +53,19 @@ from a2a.utils.task import (
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from crosstalk.a2a.liststatus import status_filter
-from crosstalk.a2a.taskjson import plain_state
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import DeliveryMode, Kind, Sender
 from crosstalk.core.records import (
-    AskOpened,
     MessageSubmitted,
-    Record,
     TaskDeleted,
     TaskRecord,
-    Unreadable,
 )
-from crosstalk.core.replay import Violation, replay_into
 from crosstalk.core.states import Subject, TaskState, machine, task_next
 from crosstalk.core.tasks import TASK_EVENT_FOR
 from crosstalk.store.journal import Journal
+
+if TYPE_CHECKING:
+    from crosstalk.a2a.taskreplay import TaskReplay
 
 log = logging.getLogger(__name__)
 
@@ -319,24 +317,16 @@ class JournalTaskStore(TaskStore):
                 if self._by_message.get(mid) == task_id:
                     del self._by_message[mid]
 
-    def load(self, records: Iterable[Mapping[str, Any]] | TaskReplay, *,
-             now: float | None = None,
+    def load(self, replayed: TaskReplay, *, now: float | None = None,
              retention_seconds: float = RETENTION_SECONDS) -> list[StoredTask]:
-        """Rebuild memory from journal records (no writes); the latest record per task wins.
+        """Rebuild memory from what a :class:`~crosstalk.a2a.taskreplay.TaskReplay` read of
+        the journal (no writes); the latest record per task wins.
 
-        ``records`` is the journal's records, or a :class:`TaskReplay` that read them as a
-        replay streamed by. Terminal tasks whose last change is older than the retention
-        window are dropped; open ones are always kept. Unreadable records are skipped.
-        Returns what was kept; tasks whose record vouched for its JSON stay unparsed.
+        Terminal tasks whose last change is older than the retention window are dropped; open
+        ones are always kept. Unreadable records were skipped. Returns what was kept; tasks
+        whose record vouched for its JSON stay unparsed.
         """
         now = self._clock() if now is None else now
-        if isinstance(records, TaskReplay):
-            replayed = records
-        else:
-            replayed = TaskReplay()
-            each = replay_into([replayed])
-            for raw in records:
-                each(raw)
         self._tasks.clear()
         self._by_message.clear()
         kept: list[StoredTask] = []
@@ -416,59 +406,3 @@ class JournalTaskStore(TaskStore):
 def _sort_key(task: pb.Task) -> tuple[bool, int, str]:
     has_ts = task.HasField("status") and task.status.HasField("timestamp")
     return has_ts, task.status.timestamp.ToNanoseconds() if has_ts else 0, task.id
-
-
-class TaskReplay:
-    """What the A2A layer reads from a journal on restart, as a replay streams by (a
-    :class:`~crosstalk.core.replay.Reader`): the latest readable record of each task, the
-    bodies of submitted messages (task histories are rebuilt from them) and open asks'
-    deadlines. :meth:`JournalTaskStore.load` takes it in place of the records."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, StoredTask] = {}
-        #: Tasks whose latest record has no ``ts``: dated by the load (older journals).
-        self.undated: set[str] = set()
-        #: The body of the last ``submitted`` record of each message id that has one.
-        self.bodies: dict[str, Body] = {}
-        self.ask_deadlines: dict[str, float] = {}
-
-    def step(self, raw: Mapping[str, Any], record: Record | Unreadable,
-             violation: Violation | None) -> None:
-        if isinstance(record, MessageSubmitted):
-            body = Body.of(record)
-            if body is not None:
-                self.bodies[record.id] = body
-        elif isinstance(record, AskOpened):
-            if record.deadline_at is not None:
-                self.ask_deadlines[record.id] = record.deadline_at
-        elif isinstance(record, TaskDeleted):
-            self.latest.pop(record.id, None)
-            self.undated.discard(record.id)
-        elif isinstance(record, TaskRecord) and record.id:
-            if violation is not None:
-                log.warning("not adopting task record: %s", violation)
-                return
-            stored = self._stored(record)
-            if stored is not None:
-                self.latest[record.id] = stored
-                if record.ts is None:
-                    self.undated.add(record.id)
-                else:
-                    self.undated.discard(record.id)
-
-    def _stored(self, rec: TaskRecord) -> StoredTask | None:
-        if rec.owner is None or rec.task is None:
-            return None
-        updated_at = rec.ts if rec.ts is not None else 0.0
-        if plain_state(rec.task, rec.id) is rec.state:
-            return StoredTask.unread(rec.id, rec.task, state=rec.state, owner=rec.owner,
-                                     refs=list(rec.refs), updated_at=updated_at)
-        try:
-            task = ParseDict(dict(rec.task), pb.Task(), ignore_unknown_fields=True)
-            task_state(task)
-        except (ParseError, TaskStoreError, ValueError, TypeError) as exc:
-            log.warning("skipping unreadable task record for %s: %s", rec.id, exc)
-            return None
-        if task.id != rec.id:
-            return None
-        return StoredTask(task, rec.owner, list(rec.refs), updated_at)

@@ -126,7 +126,7 @@ async def delivery_outcome(receiver: Receiver, entry: Inbound, timeout: float) -
     A model can answer a message while it is still ``dispatching`` (the mailbox's
     ``delivering``): Claude shows a frame ~100 ms after its inbox reads it, and the injector
     learns the outcome only when the receipt grace ends. The reply waits for that outcome
-    rather than answer first: only a delivery opens the obligation (ADR 0018), so neither the
+    rather than answer first: only a delivery opens the obligation (ADR 0019), so neither the
     asker nor the journal is ever told "answered" for a message whose injection failed, and
     the asker's view keeps its order (delivered, then answered).
     """

@@ -26,7 +26,8 @@ from typing import Any
 from a2a.types import a2a_pb2 as pb
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from crosstalk.a2a.taskstore import Body, StoredTask, TaskReplay
+from crosstalk.a2a.taskreplay import TaskReplay
+from crosstalk.a2a.taskstore import Body, StoredTask
 from crosstalk.core.mailbox import MailboxEntry, MailboxFold
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Sender
 from crosstalk.core.records import (

@@ -32,7 +32,7 @@ Shown by default:
   the injector waits out its receipt grace, and a model that answers at once must find the
   message it was just shown (issue 13). The journal keeps ``dispatching`` (the word for "never
   resent", R2); the mailbox says what it means to a model. ``reply`` to such a message waits
-  for the outcome (ADR 0018).
+  for the outcome (ADR 0019).
 
 Not shown by default:
 
