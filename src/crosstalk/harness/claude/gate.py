@@ -52,6 +52,8 @@ RELAY_KEY: Final = "crosstalk_relayed_peer"
 START_TIMEOUT: Final = 20.0
 #: How long a write may take in the helper: its connect and the inbox's close, with margin.
 WRITE_TIMEOUT: Final = 2.0 + EOF_TIMEOUT + 10.0
+#: How long a relayed line waits for the agent's ingress to come up (about twice this).
+RELAY_PATIENCE: Final = 5.0
 #: Longest socket path Claude accepts as an address.
 MAX_SOCKET_PATH: Final = 103
 
@@ -222,12 +224,22 @@ class HelperLink:
                     task.add_done_callback(self._tasks.discard)
 
     async def _relay(self, line: bytes) -> None:
-        """One line into the agent's uds ingress, on a connection of its own."""
-        try:
-            reader, writer = await asyncio.open_unix_connection(self.target.relay_to)
-        except OSError as exc:
-            log.warning("gate: cannot relay to %s: %s", self.target.relay_to, exc)
-            return
+        """One line into the agent's uds ingress, on a connection of its own (the helper is
+        up before the ingress, so a line that comes that early waits for it a little)."""
+        delay = 0.02
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.target.relay_to)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if delay > RELAY_PATIENCE:
+                    log.warning("gate: cannot relay to %s: %s", self.target.relay_to, exc)
+                    return
+            except OSError as exc:
+                log.warning("gate: cannot relay to %s: %s", self.target.relay_to, exc)
+                return
+            await asyncio.sleep(delay)
+            delay *= 2
         try:
             writer.write(line)
             writer.write_eof()
@@ -281,28 +293,6 @@ async def link_for(target: Target) -> HelperLink:
         await link.start()
         links[target.relay_to] = link
         return link
-
-
-_WARMING: set[asyncio.Task[None]] = set()
-
-
-def warm(target: Target) -> None:
-    """Start ``target``'s helper in the background, if there is a running loop; a failure
-    is logged and the first injection tries again."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-
-    async def start() -> None:
-        try:
-            await link_for(target)
-        except HelperError as exc:
-            log.warning("gate helper for %s: %s", target.relay_to, exc)
-
-    task = loop.create_task(start())
-    _WARMING.add(task)
-    task.add_done_callback(_WARMING.discard)
 
 
 def close_all() -> None:

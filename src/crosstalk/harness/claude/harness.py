@@ -147,16 +147,23 @@ class ClaudeIdentifier:
             pid = identity.harness_pid or (self.bindings[0].ppid if self.bindings else 0)
             config = self.bindings[0].config_dir if self.bindings else Path("/nonexistent")
             return ClaudeHarness(config, pid, sender_mode=self.sender_mode)
-        self._warm(session, identity)
         return ClaudeHarness(session.config_dir, session.pid, sender_mode=self.sender_mode)
 
-    def _warm(self, session: ClaudeSession, identity: Identity) -> None:
-        """Start the agent's gate helper now, not at its first injection: a native reply to
-        the address a previous shim's frames named (it depends only on the agent) must find
-        a listener as soon as the agent is back. The address is the agent's, as it makes it."""
+    async def bind(self, identity: Identity) -> Identity:
+        """Start the agent's gate helper before the agent registers (``Binder``; the identity
+        is unchanged): a native reply to the address a previous shim's frames named (it
+        depends only on the agent) must find a listener as soon as the agent is back."""
+        session = await asyncio.to_thread(self.current)
+        if session is None or session.session_id != identity.session_ref:
+            return identity
         env = dict(self.env)
-        reply = uds_path_for(state_dir(env), agent_id_for(HARNESS, identity.session_ref), env)
-        gate.warm(gate.Target(session.pid, session.recorded_start, str(reply)))
+        reply = await asyncio.to_thread(uds_path_for, state_dir(env),
+                                        agent_id_for(HARNESS, identity.session_ref), env)
+        try:
+            await gate.link_for(gate.Target(session.pid, session.recorded_start, str(reply)))
+        except gate.HelperError as exc:  # the first injection tries again
+            log.warning("claude session %d: %s", session.pid, exc)
+        return identity
 
     def sender_mode(self, sender: Sender) -> mode.Mode | None:
         """A verified Claude sender's session mode (its process and settings); ``None`` for
