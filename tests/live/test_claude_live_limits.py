@@ -2,8 +2,9 @@
 
 * a burst of 40 messages from three sessions into one (Claude's per-sender token bucket of 30
   at 0.5/s: CrossTalk paces; nothing is dropped, duplicated or reordered);
-* a message held by a receiver in bypassPermissions mode (permission-mode parity): the sender
-  is told ``unknown``/``held_for_approval``, the model sees nothing until its user delivers it;
+* a message held by a receiver in bypassPermissions mode (permission-mode parity), with and
+  without CrossTalk in it: the sender is told ``unknown``/``held_for_approval``, the model
+  sees nothing until its user delivers it;
 * seed 21 live: the receiver's shim is killed between an ask and its reply, the user
   reconnects the server with ``/mcp``, and the reply still reaches the asker exactly once.
 
@@ -262,28 +263,40 @@ def test_held_by_a_bypass_session_until_its_user_delivers(world: World,
     assert [r["status"] for r in got] == ["delivered"]
 
 
-def test_parity_when_the_bypass_receiver_has_crosstalk(world: World,
-                                                       timings: Timings) -> None:
-    """Claude 2.1.328 takes a frame from its own descendant (the receiving shim) as selfSent
-    and skips permission-mode parity, so the shim applies it (ADR 0008): a prompting peer's
-    message to a bypassPermissions session is refused, never delivered unheld."""
+def test_a_bypass_receiver_with_crosstalk_holds_through_its_own_gate(
+        world: World, timings: Timings) -> None:
+    """Claude 2.1.328 skips its gate for a frame from its own descendant (selfSent), and the
+    receiving shim is one; so B's detached gate helper writes peer frames (ADR 0018, which
+    supersedes 0008's refusal): a prompting peer's message to a bypassPermissions session with
+    CrossTalk is held for its user, exactly as without CrossTalk, never delivered unheld and
+    never refused."""
     alpha, beta = world.session("alpha"), world.session("beta", **BYPASS)
     start_all(alpha, beta)
     beta.wait_idle()
     text = unique("LIVE-PARITY")
-    result, _ = send_once(world, alpha, "beta", text)
-    time.sleep(2.0)
+    result, took = send_once(world, alpha, "beta", text)
+    timings.add("A's send_message to a bypass B with CrossTalk (held)", took)
+    wait_screen(beta, "Held message from another session", "Deliver this message to Claude")
+    time.sleep(1.0)
     inbound = [line for line in beta.debug_log.read_text(errors="replace").splitlines()
                if "cross-session-inbound" in line or "Routed user message" in line]
-    # Claude's transcript keeps the frame's origin: selfSent, verifiedPeerPid = B's shim.
+    evidence = (f"A's result {result}; B's model saw it: {model_saw(beta, text)}; B's shims "
+                f"{beta.shim_pids()}; B's debug log: {inbound[-3:]}")
+    assert (result.get("state"), result.get("reason")) == (
+        "unknown", "held_for_approval"), evidence
+    assert any("cause=mode-mismatch" in line for line in inbound), evidence
+    assert not model_saw(beta, text), evidence
+    key(beta, "Down")
+    wait_screen(beta, "\u276f Deliver this message to Claude")
+    key(beta, "Enter")
+    beta.wait_for_request(lambda e: is_main(e) and any(
+        s.body == text for s in peer_messages(e)), timeout=20)
+    # Claude's transcript keeps the frame's origin: not selfSent, written by no shim of B's.
     origins = [rec.get("origin") for rec in transcript(world, beta)
                if isinstance(rec.get("origin"), dict) and text in str(rec["origin"])]
-    evidence = (f"A's result {result}; B's model saw it: {model_saw(beta, text)}; B's shims "
-                f"{beta.shim_pids()}; origin in B's transcript {origins}; B's debug log: "
-                f"{inbound[-3:]}")
-    assert (result.get("state"), result.get("reason")) == (
-        "unreachable", "permission_mode_parity"), evidence
-    assert not model_saw(beta, text), evidence
+    assert origins, evidence
+    assert not origins[0].get("selfSent"), origins
+    assert origins[0].get("verifiedPeerPid") not in beta.shim_pids(), origins
 
 
 # -- 3. seed 21 live: the receiver's shim dies between an ask and its reply -----------------
