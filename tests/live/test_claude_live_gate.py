@@ -25,10 +25,11 @@ import pytest
 
 from tests.live.conftest import Timings
 from tests.live.support.claude import LiveClaude, World, is_main, wait_for
-from tests.live.support.extras import key, wait_screen
+from tests.live.support.extras import wait_screen
 from tests.live.support.gate import (
     BYPASS,
     HOLD_DIALOG,
+    choose,
     message_records,
     model_saw,
     send_once,
@@ -71,7 +72,12 @@ def view_when(world: World, sender: LiveClaude, receiver: LiveClaude, mid: str, 
     def check() -> str | None:
         got = view(world, sender, receiver, mid)
         return got if word in got else None
-    found: str = wait_for(check, timeout, step=0.5, what=f"A's task view saying {word}")
+    try:
+        found: str = wait_for(check, timeout, step=0.5, what=f"A's task view saying {word}")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: A's view {view(world, sender, receiver, mid)}; B's journal "
+                             f"{states(world, receiver, mid)}; B's screen:\n"
+                             f"{receiver.screen()}") from None
     return found
 
 
@@ -94,10 +100,7 @@ def test_held_for_bs_user_then_delivered_then_denied(world: World, timings: Timi
     assert model_saw(beta, text) == 0, "a held message reached the model"
     assert ("accepted", None) not in states(world, beta, mid)
 
-    key(beta, "Down")
-    wait_screen(beta, "\u276f Deliver this message to Claude")
-    t0 = time.time()
-    key(beta, "Enter")
+    t0 = choose(beta, deliver=True)
     entry = beta.wait_for_request(lambda e: is_main(e) and model_saw(beta, text) > 0, timeout=30)
     timings.add("B's user picks Deliver -> B's model request", entry["t"] - t0)
     got = wait_for(lambda: ("accepted", None) in states(world, beta, mid), 15,
@@ -119,8 +122,7 @@ def test_held_for_bs_user_then_delivered_then_denied(world: World, timings: Timi
     timings.add("A's second send_message (held): tool_use -> tool_result", took2)
     assert result2["reason"] == "held_for_approval", result2
     wait_screen(beta, *HOLD_DIALOG)
-    t1 = time.time()
-    key(beta, "Enter")  # the default button is Deny
+    t1 = choose(beta, deliver=False)  # Enter: the default button is Deny
     denied = view_when(world, alpha, beta, result2["message_id"], word="failed",
                        timeout=20)
     timings.add("B's user picks Deny -> A's task failed", time.time() - t1)

@@ -41,6 +41,7 @@ from tests.live.support.extras import (
     transcript,
     wait_screen,
 )
+from tests.live.support.gate import choose
 
 pytestmark = pytest.mark.live
 
@@ -288,9 +289,7 @@ def test_a_bypass_receiver_with_crosstalk_holds_through_its_own_gate(
         "unknown", "held_for_approval"), evidence
     assert any("cause=mode-mismatch" in line for line in inbound), evidence
     assert not model_saw(beta, text), evidence
-    key(beta, "Down")
-    wait_screen(beta, "\u276f Deliver this message to Claude")
-    key(beta, "Enter")
+    choose(beta, deliver=True)
     beta.wait_for_request(lambda e: is_main(e) and any(
         s.body == text for s in peer_messages(e)), timeout=20)
     # Claude's transcript keeps the frame's origin: not selfSent, written by no shim of B's.

@@ -7,12 +7,20 @@ namespace, where the receiver's A2A listener is).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.live.support.claude import LiveClaude, World, is_main
-from tests.live.support.extras import journal, peer_messages, result_json, tool_result_blocks
+from tests.live.support.claude import LiveClaude, World, is_main, wait_for
+from tests.live.support.extras import (
+    journal,
+    key,
+    peer_messages,
+    result_json,
+    tool_result_blocks,
+    wait_screen,
+)
 
 #: A session in bypassPermissions mode (research §7; ``IS_SANDBOX=1`` because we run as root).
 BYPASS: dict[str, Any] = {"permission_mode": "bypassPermissions",
@@ -87,3 +95,27 @@ def task_as_sender(world: World, sender: LiveClaude, receiver: LiveClaude,
         return {"state": None, "why": done.stderr[-400:]}
     got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return got
+
+
+DENY_LINE = "\u276f Deny \u2014 drop it"
+DELIVER_LINE = "\u276f Deliver this message to Claude"
+
+
+def choose(claude: LiveClaude, *, deliver: bool) -> float:
+    """Pick Deliver (Down, Enter) or Deny (Enter: the default) in Claude's hold dialog; the
+    time of the Enter that closed it. A key pressed while the dialog is still coming up can
+    be lost, so Enter is pressed again until the dialog is gone."""
+    wait_screen(claude, DENY_LINE)
+    if deliver:
+        key(claude, "Down")
+        wait_screen(claude, DELIVER_LINE)
+    line = DELIVER_LINE if deliver else DENY_LINE
+    for _ in range(5):
+        at = time.time()
+        key(claude, "Enter")
+        try:
+            wait_for(lambda: line not in claude.screen(), 3, step=0.1, what="the dialog closed")
+            return at
+        except TimeoutError:
+            continue
+    raise AssertionError(f"the hold dialog did not take Enter:\n{claude.screen()}")
