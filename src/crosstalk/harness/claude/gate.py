@@ -197,10 +197,12 @@ class HelperLink:
                     self._on_message(msg)
         except (OSError, ValueError):
             pass
-        finally:
-            if not self._dead:
-                log.warning("gate helper %s for %s exited", self.pid, self.path)
+        except asyncio.CancelledError:  # our own shutdown, not the helper's end
             self._died()
+            raise
+        if not self._dead:
+            log.warning("gate helper %s for %s exited", self.pid, self.path)
+        self._died()
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         if msg.get("op") == "wrote":
