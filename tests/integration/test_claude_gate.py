@@ -219,3 +219,24 @@ async def test_a_killed_helper_is_replaced_and_nothing_is_reported_delivered_uns
     assert new != old
     assert running(new)
     assert bob.fc.pid not in ancestors(new)
+
+
+async def test_a_held_ask_is_answerable_once_delivered_and_the_answer_is_gated_too(
+        world: Callable[..., Node]) -> None:
+    alice, bob = world("alice"), world("bob")
+    await alice.connect()
+    await bob.connect()
+    settings(project(bob), BYPASS)
+    asked = await alice.call("ask", to="bob", text="held question")
+    assert (asked["state"], asked["reason"]) == ("unknown", "held_for_approval"), asked
+    ids, _ = bob.fc.held()
+    bob.fc.decide(ids[0], deliver=True)
+    await eventually(lambda: saw(bob, "held question"), what="the question at bob")
+
+    # The answer crosses the same gate the other way: bypass into prompting is held too.
+    done = await bob.call("reply", message_id=asked["message_id"], text="late answer")
+    assert (done["state"], done["reason"]) == ("unknown", "held_for_approval"), done
+    assert not saw(alice, "late answer")
+    ids, _ = alice.fc.held()
+    alice.fc.decide(ids[0], deliver=True)
+    await eventually(lambda: saw(alice, "late answer"), what="the answer at alice")
