@@ -413,50 +413,6 @@ async def test_a_shim_whose_claude_died_exits_and_is_not_listed(
     assert all(r["name"] != "b" for r in listed.values())
 
 
-# -- permission-mode parity (ADR 0008) --------------------------------------------------------
-
-
-def _settings(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-
-
-async def test_permission_mode_parity_is_applied_by_the_receiving_shim(
-        world: Callable[..., Node]) -> None:
-    """Claude skips its own parity rule for frames from its descendants (the shim), so the
-    shim applies it: a prompting peer never reaches a bypassPermissions session unless that
-    session's user accepts cross-session messages; refuse and hold settings refuse."""
-    alice, bob = world("alice"), world("bob")
-    await alice.connect()
-    await bob.connect()
-    project = Path(bob.fc.cwd) / ".claude"
-    _settings(project / "settings.json", {"permissions": {"defaultMode": "bypassPermissions"}})
-    refused = await alice.call("send_message", to="bob", text="from a prompting session")
-    assert (refused["state"], refused["reason"]) == ("unreachable", "permission_mode_parity")
-    assert "permission mode" in refused["hint"]
-    assert bob.inbound() == []
-    # The shim's own notices still reach the session (a claim notice).
-    assert (await alice.call("claim", name="bob"))["ok"] is True
-    assert any("claimed this session" in c for c in bob.contents())
-
-    # Both in bypass mode: equal classes, delivered.
-    _settings(Path(alice.fc.cwd) / ".claude" / "settings.json",
-              {"permissions": {"defaultMode": "bypassPermissions"}})
-    equal = await alice.call("send_message", to="bob", text="bypass to bypass")
-    assert equal["state"] == "accepted"
-    assert any("bypass to bypass" in c for c in bob.contents())
-
-    # The receiver's user decides: accept delivers whatever the modes, refuse/hold do not.
-    (Path(alice.fc.cwd) / ".claude" / "settings.json").unlink()
-    _settings(bob.fc.config_dir / "settings.json", {"crossSessionInbound": "accept"})
-    accepted = await alice.call("send_message", to="bob", text="accepted by the user")
-    assert accepted["state"] == "accepted"
-    _settings(project / "settings.local.json", {"crossSessionInbound": "hold"})
-    held = await alice.call("send_message", to="bob", text="held by setting")
-    assert (held["state"], held["reason"]) == ("unreachable", "inbound_hold_by_setting")
-    assert not any("held by setting" in c for c in bob.contents())
-
-
 # -- addresses in `crosstalk send` (issue 7) ---------------------------------------------------
 
 

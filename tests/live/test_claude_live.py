@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from crosstalk.harness.claude.gate import listen_path_for
 from tests.live.conftest import Timings
 from tests.live.support.claude import (
     World,
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.live
 #: The envelope Claude shows its model for a peer message that CrossTalk injected.
 ENVELOPE = re.compile(
     r'<cross-session-message from="uds:(?P<from>[^"]+)" from-name="(?P<name>[^"]+)"'
-    r' from-mode="(?P<mode>[^"]+)">\n'
+    r'(?: from-mode="(?P<mode>[^"]+)")?>\n'
     r"\[crosstalk message-id=(?P<id>\S+) kind=(?P<kind>\w+)[^\]\n]*\]\n"
     r"(?P<body>.*?)\n</cross-session-message>", re.S)
 
@@ -136,7 +137,8 @@ def test_idle_session_wakes_on_crosstalk_send(world: World, timings: Timings) ->
     assert envelope is not None, seen[:600]
     assert envelope["body"] == text
     assert envelope["id"] == ack["message_id"]
-    assert envelope["from"] == alpha.wait_descriptor()["uds_path"]
+    # The frame is written by A's gate helper, from its own listener (ADR 0018).
+    assert envelope["from"] == listen_path_for(alpha.wait_descriptor()["uds_path"])
 
 
 @pytest.mark.seed(1)
@@ -179,7 +181,7 @@ def test_claude_to_claude_through_the_shim(world: World, timings: Timings) -> No
     assert envelope["name"] == a_desc["name"]
     # The receiving shim injects as its own agent's uds ingress (a native reply comes back to
     # it, where it is bounced), naming the sender in from-name.
-    assert envelope["from"] == b_desc["uds_path"]
+    assert envelope["from"] == listen_path_for(b_desc["uds_path"])
     assert envelope["mode"] == "prompting"
     assert envelope["id"] == result["message_id"]
     assert envelope["kind"] == "inform"

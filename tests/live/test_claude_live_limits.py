@@ -2,8 +2,9 @@
 
 * a burst of 40 messages from three sessions into one (Claude's per-sender token bucket of 30
   at 0.5/s: CrossTalk paces; nothing is dropped, duplicated or reordered);
-* a message held by a receiver in bypassPermissions mode (permission-mode parity): the sender
-  is told ``unknown``/``held_for_approval``, the model sees nothing until its user delivers it;
+* a message held by a receiver in bypassPermissions mode (permission-mode parity), with and
+  without CrossTalk in it: the sender is told ``unknown``/``held_for_approval``, the model
+  sees nothing until its user delivers it;
 * seed 21 live: the receiver's shim is killed between an ask and its reply, the user
   reconnects the server with ``/mcp``, and the reply still reaches the asker exactly once.
 
@@ -13,6 +14,7 @@ the sessions' requests to the mock.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from crosstalk.harness.claude.gate import listen_path_for
 from tests.live.conftest import Timings
 from tests.live.support.claude import LiveClaude, World, is_main, wait_for
 from tests.live.support.extras import (
@@ -38,6 +41,7 @@ from tests.live.support.extras import (
     transcript,
     wait_screen,
 )
+from tests.live.support.gate import choose
 
 pytestmark = pytest.mark.live
 
@@ -262,28 +266,43 @@ def test_held_by_a_bypass_session_until_its_user_delivers(world: World,
     assert [r["status"] for r in got] == ["delivered"]
 
 
-def test_parity_when_the_bypass_receiver_has_crosstalk(world: World,
-                                                       timings: Timings) -> None:
-    """Claude 2.1.328 takes a frame from its own descendant (the receiving shim) as selfSent
-    and skips permission-mode parity, so the shim applies it (ADR 0008): a prompting peer's
-    message to a bypassPermissions session is refused, never delivered unheld."""
+def test_a_bypass_receiver_with_crosstalk_holds_through_its_own_gate(
+        world: World, timings: Timings) -> None:
+    """Claude 2.1.328 skips its gate for a frame from its own descendant (selfSent), and the
+    receiving shim is one; so B's detached gate helper writes peer frames (ADR 0018, which
+    supersedes 0008's refusal): a prompting peer's message to a bypassPermissions session with
+    CrossTalk is held for its user, exactly as without CrossTalk, never delivered unheld and
+    never refused."""
     alpha, beta = world.session("alpha"), world.session("beta", **BYPASS)
     start_all(alpha, beta)
     beta.wait_idle()
     text = unique("LIVE-PARITY")
-    result, _ = send_once(world, alpha, "beta", text)
-    time.sleep(2.0)
+    result, took = send_once(world, alpha, "beta", text)
+    timings.add("A's send_message to a bypass B with CrossTalk (held)", took)
+    wait_screen(beta, "Held message from another session", "Deliver this message to Claude")
+    time.sleep(1.0)
     inbound = [line for line in beta.debug_log.read_text(errors="replace").splitlines()
                if "cross-session-inbound" in line or "Routed user message" in line]
-    # Claude's transcript keeps the frame's origin: selfSent, verifiedPeerPid = B's shim.
-    origins = [rec.get("origin") for rec in transcript(world, beta)
-               if isinstance(rec.get("origin"), dict) and text in str(rec["origin"])]
     evidence = (f"A's result {result}; B's model saw it: {model_saw(beta, text)}; B's shims "
-                f"{beta.shim_pids()}; origin in B's transcript {origins}; B's debug log: "
-                f"{inbound[-3:]}")
+                f"{beta.shim_pids()}; B's debug log: {inbound[-3:]}")
     assert (result.get("state"), result.get("reason")) == (
-        "unreachable", "permission_mode_parity"), evidence
+        "unknown", "held_for_approval"), evidence
+    assert any("cause=mode-mismatch" in line for line in inbound), evidence
     assert not model_saw(beta, text), evidence
+    choose(beta, deliver=True)
+    beta.wait_for_request(lambda e: is_main(e) and any(
+        s.body == text for s in peer_messages(e)), timeout=20)
+    # Claude's transcript keeps the frame's origin: not selfSent, written by no shim of B's.
+    def origins() -> list[dict[str, Any]]:
+        return [rec["origin"] for rec in transcript(world, beta)
+                if isinstance(rec.get("origin"), dict) and text in json.dumps(rec)]
+    try:
+        found = wait_for(origins, 15, step=0.5, what="the message's origin in B's transcript")
+    except TimeoutError:
+        recs = [json.dumps(r)[:400] for r in transcript(world, beta) if text in json.dumps(r)]
+        raise AssertionError(f"no origin: {recs}; {evidence}") from None
+    assert not found[0].get("selfSent"), found
+    assert found[0].get("verifiedPeerPid") not in beta.shim_pids(), found
 
 
 # -- 3. seed 21 live: the receiver's shim dies between an ask and its reply -----------------
@@ -336,7 +355,8 @@ def test_shim_killed_between_ask_and_reply_reconnected_by_the_user(
     native = beta.wait_for_request(lambda e: uid in tool_result_blocks([e]), timeout=30)
     out = result_json(tool_result_blocks([native])[uid])
     assert out["success"] is False, out
-    assert "ECONNREFUSED" in out["message"], out
+    # The helper went with the shim and removed its socket (ADR 0018).
+    assert "ECONNREFUSED" in out["message"] or "ENOENT" in out["message"], out
     beta.wait_idle()
 
     # The user reconnects the server: /mcp, crosstalk, Reconnect.
@@ -350,7 +370,8 @@ def test_shim_killed_between_ask_and_reply_reconnected_by_the_user(
                 time.time() - killed_at)
     assert after["pid"] != old_shim
     assert after["agent_id"] == before["agent_id"] == agent_id_for(beta.session_id)
-    assert after["uds_path"] == before["uds_path"] == asked.from_address
+    assert after["uds_path"] == before["uds_path"]
+    assert listen_path_for(after["uds_path"]) == asked.from_address  # the gate helper's
 
     # A native message to that address now reaches the new shim, which bounces it and tells
     # the model which message it may answer with reply.

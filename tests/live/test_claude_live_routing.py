@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from crosstalk.harness.claude.gate import listen_path_for
 from tests.live.conftest import Timings
 from tests.live.support.claude import (
     Entry,
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.live
 #: fields (``message-id=… kind=… in-reply-to=…``).
 ENVELOPE = re.compile(
     r'<cross-session-message from="uds:(?P<from>[^"]+)" from-name="(?P<name>[^"]+)"'
-    r' from-mode="(?P<mode>[^"]+)">\n'
+    r'(?: from-mode="(?P<mode>[^"]+)")?>\n'
     r"\[crosstalk (?P<meta>[^\]\n]*)\]\n"
     r"(?P<body>.*?)\n</cross-session-message>", re.S)
 #: The address in an envelope, as a model would copy it into SendMessage's ``to``.
@@ -169,7 +170,8 @@ def test_native_reply_is_bounced_and_the_reply_tool_routes(world: World,
     timings.add("A's ask tool_use -> B's model request", got["t"] - ask_call["t"])
     env = envelope_with(got, question)
     assert env["name"] == "alpha"
-    assert env["from"] == b_desc["uds_path"]
+    # Written by B's gate helper, from its own listener (ADR 0018).
+    assert env["from"] == listen_path_for(b_desc["uds_path"])
     assert meta(env)["message-id"] == ask_id
     assert meta(env)["kind"] == "ask"
     assert got["rule"] == "b-native"
@@ -179,15 +181,15 @@ def test_native_reply_is_bounced_and_the_reply_tool_routes(world: World,
     # and the shim knows the sender by its peer pid.
     records = [json.loads(p.read_text())
                for p in (world.config_dir / "sessions").glob("*.json")]
-    assert b_desc["uds_path"] not in [r.get("messagingSocketPath") for r in records]
-    digest = hashlib.sha256(b_desc["uds_path"].encode()).hexdigest()
+    assert env["from"] not in [r.get("messagingSocketPath") for r in records]
+    digest = hashlib.sha256(env["from"].encode()).hexdigest()
     assert list((world.config_dir / "sessions").glob(f"*.{digest}.key")) == []
 
     t_native = time.time()
     world.mock.open_gate("native")
     native_call = step(beta, "b-native")
     sent_to = tool_use(native_call)["input"]["to"]
-    assert sent_to == f"uds:{b_desc['uds_path']}"
+    assert sent_to == f"uds:{env['from']}"
     _, sent = tool_result(beta, native_call)
     assert sent["success"] is True, sent  # Claude believes it delivered the frame
 
@@ -206,7 +208,9 @@ def test_native_reply_is_bounced_and_the_reply_tool_routes(world: World,
     assert rec["reason"] == "native_reply_not_forwarded"
     assert rec["sender"]["agent_id"] == b_desc["agent_id"]
     assert rec["sender"]["ingress"] == "uds"
-    assert rec["sender"]["peer_pid"] == beta.pid
+    # B's own Claude sent it to its gate helper, which handed it to B's shim: the shim
+    # relays it into its own ingress, so the connecting pid on record is the shim's (ADR 0018).
+    assert rec["sender"]["peer_pid"] in beta.shim_pids()
 
     # B's mailbox (its receive_message call) shows the bounced frame and the open ask.
     mailbox_call = step(beta, "b-mailbox")
@@ -511,6 +515,6 @@ def test_clear_keeps_the_name_and_routes_to_the_new_conversation(world: World,
     assert before not in request_text(got)  # which does not carry the old one
     env = envelope_with(got, after_clear)
     assert meta(env)["message-id"] == sent["message_id"]
-    assert env["from"] == betas[0]["uds_path"]
+    assert env["from"] == listen_path_for(betas[0]["uds_path"])
     never_saw(beta, "old agent?")
     timings.add("whole scenario", time.monotonic() - t_test)

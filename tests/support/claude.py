@@ -232,6 +232,20 @@ class FakeClaude:
             req["auth"] = auth
         return self._request(req)
 
+    def set_mode(self, mode: str | None) -> None:
+        """Switch the session's permission mode class at run time (Shift+Tab); ``None``
+        goes back to its settings."""
+        self._request({"op": "mode", "mode": mode})
+
+    def held(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """The msg_ids held for the user now, and every receipt the gate tried to send."""
+        got = self._request({"op": "held"})
+        return list(got["ids"]), list(got["receipts"])
+
+    def decide(self, msg_id: str, deliver: bool) -> None:
+        """The user's choice in the hold dialog."""
+        self._request({"op": "deliver" if deliver else "deny", "msg_id": msg_id})
+
     def shims(self) -> list[int]:
         """Pids of the shims this session spawned that are still running."""
         return [int(p) for p in self._request({"op": "shims"})["pids"]]

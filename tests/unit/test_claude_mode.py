@@ -1,4 +1,4 @@
-"""Reading a Claude session's permission mode and inbound policy (ADR 0008)."""
+"""Reading a Claude sender's permission mode for the envelope's ``from-mode`` (ADR 0018)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from crosstalk.harness.claude.mode import (
     cmdline_mode,
-    inbound_policy,
     process_argv,
     session_mode,
     settings_mode,
@@ -44,22 +43,6 @@ def test_settings_later_files_win(tmp_path: Path) -> None:
     assert settings_mode(config, str(cwd)) == "prompting"
     (cwd / ".claude" / "settings.local.json").write_text("{torn")
     assert settings_mode(config, str(cwd)) == "bypass"  # a broken file says nothing
-
-
-def test_inbound_policy_project_only_stricter(tmp_path: Path) -> None:
-    config, cwd = tmp_path / "config", tmp_path / "proj"
-    assert inbound_policy(config, str(cwd)) is None
-    write(cwd / ".claude" / "settings.json", {"crossSessionInbound": "accept"})
-    assert inbound_policy(config, str(cwd)) is None  # a project cannot loosen
-    write(config / "settings.json", {"crossSessionInbound": "accept"})
-    assert inbound_policy(config, str(cwd)) == "accept"
-    write(cwd / ".claude" / "settings.local.json", {"crossSessionInbound": "hold"})
-    assert inbound_policy(config, str(cwd)) == "hold"
-    write(cwd / ".claude" / "settings.json", {"crossSessionInbound": "refuse"})
-    assert inbound_policy(config, str(cwd)) == "refuse"
-    write(config / "settings.json", {"crossSessionInbound": "nonsense"})
-    write(cwd / ".claude" / "settings.json", {})
-    assert inbound_policy(config, str(cwd)) == "hold"
 
 
 def test_a_live_process_without_flags_falls_back_to_settings(tmp_path: Path) -> None:

@@ -84,11 +84,13 @@ def meta_line(message_id: str, kind: str, in_reply_to: str | None = None,
 
 def render_claude(*, body: str, from_address: str, from_name: str, message_id: str, kind: str,
                   in_reply_to: str | None = None, verified: bool = True,
-                  mode: str = "prompting") -> str:
-    """The envelope Claude Code recognises, attributes in Claude's order."""
+                  mode: str | None = "prompting") -> str:
+    """The envelope Claude Code recognises, attributes in Claude's order. ``mode=None``
+    asserts no permission mode (Claude then holds it only if the receiver bypasses)."""
     reply_with = "reply" if kind == "ask" else None
+    mode_attr = f' from-mode="{_attr_value(mode)}"' if mode is not None else ""
     head = (f'<{CLAUDE_TAG} from="uds:{address_attr(from_address)}" '
-            f'from-name="{_attr_value(from_name)}" from-mode="{_attr_value(mode)}">')
+            f'from-name="{_attr_value(from_name)}"{mode_attr}>')
     line = meta_line(message_id, kind, in_reply_to, reply_with=reply_with, verified=verified)
     return f"{head}\n{line}\n{escape_body(body)}\n</{CLAUDE_TAG}>"
 

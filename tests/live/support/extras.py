@@ -24,7 +24,7 @@ from tests.live.support.mock_api import message_text
 #: line (``[crosstalk message-id=… kind=… in-reply-to=… reply-with=…]``).
 ENVELOPE = re.compile(
     r'<cross-session-message from="uds:(?P<from>[^"]+)" from-name="(?P<name>[^"]+)"'
-    r' from-mode="(?P<mode>[^"]+)">\n'
+    r'(?: from-mode="(?P<mode>[^"]+)")?>\n'
     r"\[crosstalk message-id=(?P<id>\S+) kind=(?P<kind>\w+)(?P<meta>[^\]\n]*)\]\n"
     r"(?P<body>.*?)\n</cross-session-message>", re.S)
 IN_REPLY_TO = re.compile(r"in-reply-to=(\S+)")
@@ -60,7 +60,7 @@ def peer_messages(entry: Entry) -> list[Seen]:
             continue
         for m in ENVELOPE.finditer(message_text(message)):
             reply = IN_REPLY_TO.search(m["meta"])
-            out.append(Seen(m["id"], m["kind"], m["name"], m["from"], m["mode"], m["body"],
+            out.append(Seen(m["id"], m["kind"], m["name"], m["from"], m["mode"] or "", m["body"],
                             reply.group(1) if reply else None, m["meta"].strip(),
                             str(message.get("role")),
                             index))

@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from claude_gate import Gate  # beside this script
+
 from crosstalk import proc
 
 VERSION = "2.1.328"
@@ -114,6 +116,8 @@ class FakeClaude:
         self.stopping = threading.Event()
         self.inbox: socket.socket | None = None
         self.ctl: socket.socket | None = None
+        #: Claude's inbound gate for frames from non-descendants (held, refused, receipts).
+        self.gate = Gate(self.pid, self.socket_path, self.config_dir, self.cwd)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -270,6 +274,9 @@ class FakeClaude:
         dropped = None
         if "session_id" in obj and obj["session_id"] != current:
             dropped = "session_id_mismatch"
+        elif kind == "user":
+            verdict = self.gate.on_frame(obj, peer_pid)
+            dropped = None if verdict == "deliver" else verdict  # held / refuse
         self.append_frame({"at": time.time(), "auth": state["auth"], "auth_ok": state["auth_ok"],
                            "auth_as": state["auth_as"], "peer_pid": peer_pid, "frame": obj,
                            "dropped": dropped})
@@ -339,11 +346,27 @@ class FakeClaude:
             reply({"pids": self.running_shims()})
         elif op == "kill_shims":
             reply({"pids": self.kill_shims(str(req.get("signal", "KILL")))})
+        elif op in ("mode", "held", "deliver", "deny"):
+            reply(self.gate_request(op, req))
         elif op == "exit":
             reply({"ok": True})
             self.stopping.set()
         else:
             raise ValueError(f"unknown op {op!r}")
+
+    def gate_request(self, op: str, req: dict[str, Any]) -> dict[str, Any]:
+        """Run-time mode switches and the user's hold-dialog choices (:mod:`claude_gate`)."""
+        if op == "mode":
+            self.gate.mode_override = req.get("mode")
+        elif op == "held":
+            return {"ids": list(self.gate.held), "receipts": self.gate.receipts}
+        else:
+            frame = self.gate.release(str(req["msg_id"]), deliver=op == "deliver")
+            if frame is not None:  # the user delivered it: now the model gets it
+                self.append_frame({"at": time.time(), "auth": True, "auth_ok": True,
+                                   "auth_as": "peer", "peer_pid": None, "frame": frame,
+                                   "dropped": None, "released": True})
+        return {"ok": True}
 
     def op_spawn(self, fds: list[int], reply: Any) -> None:
         if len(fds) < 3:

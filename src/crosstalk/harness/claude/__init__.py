@@ -2,7 +2,8 @@
 
 :mod:`.harness` (the session and its identifier), :mod:`.injector` (frame, pacing,
 receipts), :mod:`.registry` (its session records), :mod:`.inbox`, :mod:`.receipts`,
-:mod:`.mode` (permission-mode parity).
+:mod:`.mode` (permission modes), :mod:`.gate` and :mod:`.helper` (the detached
+writer that lets Claude's own inbound gate decide, ADR 0018).
 """
 
 from crosstalk.harness.claude.harness import (
@@ -12,7 +13,6 @@ from crosstalk.harness.claude.harness import (
     SenderMode,
     identity_of,
     on_control,
-    parity_refusal,
     session_row,
 )
 from crosstalk.harness.claude.injector import (
@@ -37,7 +37,6 @@ __all__ = [
     "deliver_to_session",
     "identity_of",
     "on_control",
-    "parity_refusal",
     "priority_for",
     "render",
     "session_row",

@@ -10,6 +10,7 @@ Sending to a Claude session *without* CrossTalk uses the same frame (inform only
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crosstalk.config import state_dir, uds_path_for
+from crosstalk.core.ids import agent_id_for
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.states import MessageState
 from crosstalk.harness.base import (
@@ -28,7 +31,7 @@ from crosstalk.harness.base import (
     Receipt,
     Session,
 )
-from crosstalk.harness.claude import mode, receipts
+from crosstalk.harness.claude import gate, mode, receipts
 from crosstalk.harness.claude.injector import deliver_to_session
 from crosstalk.harness.claude.registry import (
     ClaudeSession,
@@ -41,43 +44,26 @@ from crosstalk.harness.claude.registry import (
 from crosstalk.store.registry import Descriptor
 
 HARNESS = "claude"
+log = logging.getLogger(__name__)
 
 
 #: The permission mode of a message's sender (``None``: it asserts none, e.g. not Claude).
 SenderMode = Callable[[Sender], "mode.Mode | None"]
 
 
-def parity_refusal(session: ClaudeSession, sender: Sender,
-                   sender_mode: SenderMode) -> str | None:
-    """Why Claude itself would not deliver this peer's message now, or ``None`` (ADR 0008).
-
-    Claude applies its inbound rule to peers but not to its own descendants, and the shim is
-    one; so the shim applies it: ``crossSessionInbound`` accept delivers, refuse and hold do
-    not (we cannot ask the session's user), and with no setting the sender's mode class must
-    equal the session's (a sender with no mode passes unless the session bypasses). The
-    shim's own notices always pass."""
-    if sender.ingress is Ingress.LOCAL:
-        return None
-    policy = mode.inbound_policy(session.config_dir, session.cwd)
-    if policy == "accept":
-        return None
-    if policy is not None:
-        return f"inbound_{policy}_by_setting"
-    receiver = mode.session_mode(session.pid, session.config_dir, session.cwd)
-    theirs = sender_mode(sender)
-    if (theirs is None and receiver == "bypass") or (theirs is not None and theirs != receiver):
-        return "permission_mode_parity"
-    return None
-
-
 @dataclass
 class ClaudeHarness:
-    """Injects into one Claude session process (the record at ``<config_dir>/sessions/<pid>``)."""
+    """Injects into one Claude session process (the record at ``<config_dir>/sessions/<pid>``).
+
+    A peer's message is written by the agent's gate helper, a process Claude does not count
+    as its own, so Claude's inbound gate decides it: parity with the modes as they are now,
+    ``crossSessionInbound``, the hold dialog, expiry (ADR 0018). The shim's own notices
+    (bounces, claim notices) are the session's own business and are written by the shim."""
 
     config_dir: Path
     pid: int
     name: str = HARNESS
-    #: Enforces Claude's permission-mode parity for peers (``None``: not enforced).
+    #: A sender's mode class for the envelope's ``from-mode`` (``None``: it asserts none).
     sender_mode: SenderMode | None = None
 
     @property
@@ -90,15 +76,23 @@ class ClaudeHarness:
             return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
         if session.session_id != binding.session_ref:
             return Outcome(MessageState.UNREACHABLE, "session_superseded")
-        if delivery.reply_address is None:
+        reply = delivery.reply_address
+        if reply is None:
             return Outcome(MessageState.UNREACHABLE, "no_reply_address")
-        if self.sender_mode is not None:
-            refusal = await asyncio.to_thread(parity_refusal, session, delivery.message.sender,
-                                              self.sender_mode)
-            if refusal is not None:
-                return Outcome(MessageState.UNREACHABLE, refusal)
-        return await deliver_to_session(session, delivery, from_address=delivery.reply_address,
-                                        session_id=binding.session_ref)
+        sender = delivery.message.sender
+        if sender.ingress is Ingress.LOCAL:
+            return await deliver_to_session(session, delivery, from_address=reply,
+                                            session_id=binding.session_ref)
+        try:
+            link = await gate.link_for(gate.Target(session.pid, session.recorded_start, reply))
+        except gate.HelperError as exc:
+            log.warning("claude session %d: %s", session.pid, exc)
+            return Outcome(MessageState.UNREACHABLE, "gate_helper_unavailable")
+        theirs = (await asyncio.to_thread(self.sender_mode, sender)
+                  if self.sender_mode is not None else None)
+        return await deliver_to_session(session, delivery, from_address=link.path,
+                                        session_id=binding.session_ref,
+                                        from_mode=_mode_attr(theirs), write=link.write)
 
 
 def identity_of(session: ClaudeSession, fallback_cwd: str) -> Identity:
@@ -155,6 +149,22 @@ class ClaudeIdentifier:
             return ClaudeHarness(config, pid, sender_mode=self.sender_mode)
         return ClaudeHarness(session.config_dir, session.pid, sender_mode=self.sender_mode)
 
+    async def bind(self, identity: Identity) -> Identity:
+        """Start the agent's gate helper before the agent registers (``Binder``; the identity
+        is unchanged): a native reply to the address a previous shim's frames named (it
+        depends only on the agent) must find a listener as soon as the agent is back."""
+        session = await asyncio.to_thread(self.current)
+        if session is None or session.session_id != identity.session_ref:
+            return identity
+        env = dict(self.env)
+        reply = await asyncio.to_thread(uds_path_for, state_dir(env),
+                                        agent_id_for(HARNESS, identity.session_ref), env)
+        try:
+            await gate.link_for(gate.Target(session.pid, session.recorded_start, str(reply)))
+        except gate.HelperError as exc:  # the first injection tries again
+            log.warning("claude session %d: %s", session.pid, exc)
+        return identity
+
     def sender_mode(self, sender: Sender) -> mode.Mode | None:
         """A verified Claude sender's session mode (its process and settings); ``None`` for
         any other sender: it asserts no mode."""
@@ -194,8 +204,9 @@ class ClaudeIdentifier:
                                         from_mode=_mode_attr(sender_mode))
 
 
-def _mode_attr(m: mode.Mode | None) -> str:
-    return "bypass" if m == "bypass" else "prompting"
+def _mode_attr(m: mode.Mode | None) -> str | None:
+    """The envelope's ``from-mode``: the sender's real class, or none it could prove."""
+    return m
 
 
 def session_row(s: ClaudeSession) -> Session:
@@ -214,5 +225,9 @@ def _is_socket(path: str) -> bool:
 
 def on_control(frame: Mapping[str, Any], peer_pid: int | None,
                peer_start: str | None) -> list[Receipt]:
-    """A control frame that reached an agent's uds ingress: receipts nobody waits for."""
-    return receipts.TRACKER.on_control(frame, peer_pid, peer_start)
+    """A control frame that reached an agent's uds ingress (directly, or relayed from the
+    gate helper with its real sender's credentials): receipts nobody waits for."""
+    real = gate.unwrap(frame, peer_pid, peer_start)
+    if real is None:
+        return []
+    return receipts.TRACKER.on_control(*real)

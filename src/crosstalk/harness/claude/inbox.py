@@ -30,6 +30,8 @@ MAX_LINE_CHARS: Final = 1_048_576
 #: How long we wait for the inbox to close after our half-close (Claude's sender waits 5 s).
 EOF_TIMEOUT: Final = 5.0
 CONNECT_TIMEOUT: Final = 2.0
+#: Largest line either side of the gate helper's socketpair carries (ADR 0018).
+LINK_LIMIT: Final = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,14 @@ async def deliver(socket_path: str, frame: dict[str, Any], *, token: str | None 
         payload = encode(frame, token)
     except ValueError:
         return InboxResult(MessageState.UNREACHABLE, "frame_too_large")
+    return await write_bytes(socket_path, payload, eof_timeout=eof_timeout)
+
+
+async def write_bytes(socket_path: str, payload: bytes, *,
+                      eof_timeout: float = EOF_TIMEOUT) -> InboxResult:
+    """Write ``payload`` (auth line and frame, :func:`encode`) into the inbox and report what
+    the socket proved. The inbound gate's helper process runs this too (ADR 0018): whichever
+    process calls it is the frame's writer as Claude sees it."""
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(socket_path), CONNECT_TIMEOUT)

@@ -1,10 +1,12 @@
 """Putting one message into one Claude session's inbox: the frame, pacing, and the receipts.
 
 Injection (design doc §4.3): one frame into the session's ``messagingSocketPath``, carrying
-our envelope with the agent's own uds ingress as ``from`` (a native reply comes back to the
-shim, where it is bounced, seed §5) and ``session_id`` so a superseded conversation never gets
-it. Claude rate-limits per ``from`` address and may drop, hold or deny a frame after taking it;
-what its receipts say decides the outcome (ADR 0007).
+our envelope, a ``from`` address whose listener is the process that writes the frame (the
+agent's uds ingress when the shim writes; the gate helper's socket when the helper writes a
+peer's frame, ADR 0018 — either way a native reply comes back to the agent, where it is
+bounced, seed §5) and ``session_id`` so a superseded conversation never gets it. Claude
+rate-limits per ``from`` address and may drop, hold or deny a frame after taking it; what its
+receipts say decides the outcome (ADR 0007).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from crosstalk.core.envelope import render_claude
@@ -38,7 +40,7 @@ def priority_for(delivery: Delivery) -> str:
     return "next"
 
 
-def render(delivery: Delivery, *, from_address: str, from_mode: str = "prompting") -> str:
+def render(delivery: Delivery, *, from_address: str, from_mode: str | None = "prompting") -> str:
     msg = delivery.message
     # The shim's own notices (bounces, claims) are not a peer's claims: not "unverified".
     verified = msg.sender.verified or msg.sender.ingress is Ingress.LOCAL
@@ -54,6 +56,14 @@ RECEIPT_GRACE = 0.2
 #: "duplicate" answer can only mean the frame is already in the inbox.
 RETRY_AFTER_DROP = 31.0
 MAX_ATTEMPTS = 4
+
+
+#: Writes encoded bytes into the inbox at a path: this process, or the gate helper.
+Write = Callable[[str, bytes], Awaitable[inbox.InboxResult]]
+
+
+async def _write_here(socket_path: str, payload: bytes) -> inbox.InboxResult:
+    return await inbox.write_bytes(socket_path, payload)
 
 
 @dataclass
@@ -89,7 +99,10 @@ class Injector:
     bucket: Callable[[], TokenBucket] = TokenBucket
 
     async def deliver(self, session: ClaudeSession, delivery: Delivery, *, from_address: str,
-                      session_id: str | None, from_mode: str = "prompting") -> Outcome:
+                      session_id: str | None, from_mode: str | None = "prompting",
+                      write: Write = _write_here) -> Outcome:
+        """One frame from ``from_address``, written by ``write`` (whose process must own the
+        listener at ``from_address``, or Claude's receipts never come back)."""
         socket = session.messaging_socket_path
         if socket is None:
             return Outcome(MessageState.UNREACHABLE, "claude_no_inbox")
@@ -111,8 +124,12 @@ class Injector:
                     await asyncio.sleep(wait)
                 if attempt == 0:
                     token = await asyncio.to_thread(read_peer_token, session)
+                try:
+                    payload = inbox.encode(frame, token)
+                except ValueError:
+                    return Outcome(MessageState.UNREACHABLE, "frame_too_large")
                 self.tracker.expect(msg_id, message_id, session.pid, session.recorded_start)
-                got = await inbox.deliver(socket, frame, token=token)
+                got = await write(socket, payload)
             if got.state is not MessageState.ACCEPTED:
                 self.tracker.forget(msg_id)
                 return Outcome(got.state, got.reason, got.evidence)
@@ -124,7 +141,9 @@ class Injector:
                 # "delivered" / "denied" receipt settles it (Agent.apply_receipt).
                 return Outcome(MessageState.UNKNOWN, "held_for_approval", "held receipt")
             if receipt.status != "dropped":
-                return Outcome(MessageState.UNREACHABLE, f"receipt_{receipt.status}")
+                # denied, expired; Claude's crossSessionInbound "refuse" is expired/refused.
+                status = "refused" if receipt.reason == "refused" else receipt.status
+                return Outcome(MessageState.UNREACHABLE, f"receipt_{status}")
             reason = f"dropped:{receipt.reason or 'unspecified'}"
             if receipt.reason == "duplicate":
                 return Outcome(MessageState.ACCEPTED, None, "already in the inbox (duplicate)")
@@ -136,7 +155,8 @@ class Injector:
 
 async def deliver_to_session(session: ClaudeSession, delivery: Delivery, *,
                              from_address: str, session_id: str | None,
-                             from_mode: str = "prompting") -> Outcome:
+                             from_mode: str | None = "prompting",
+                             write: Write = _write_here) -> Outcome:
     """One message into ``session``'s inbox, as ``from_address`` (an agent's uds ingress)."""
     return await Injector().deliver(session, delivery, from_address=from_address,
-                                    session_id=session_id, from_mode=from_mode)
+                                    session_id=session_id, from_mode=from_mode, write=write)

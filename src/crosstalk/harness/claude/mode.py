@@ -1,15 +1,15 @@
-"""A Claude session's permission mode and cross-session inbound policy, as far as we can read.
+"""A Claude session's permission mode class, as far as we can read it: for ``from-mode``.
 
 Claude Code delivers a peer message only if the sender's mode class (``bypass`` for
-bypassPermissions, else ``prompting``) equals the receiver's, else it holds it for its user;
-``crossSessionInbound`` (``accept | hold | refuse``, user settings; project and local settings
-may only make it stricter) overrides that (research ``claude-code.md`` §5). But Claude skips
-all of it for a frame from its *own descendant* (``selfSent``) — and a CrossTalk shim is its
-session's child. So the shim applies the rule itself before injecting (ADR 0008).
+bypassPermissions, else ``prompting``), as the envelope's ``from-mode`` says, equals the
+receiver's; else it holds it for its user (research ``claude-code.md`` §5). Claude decides
+that itself for every CrossTalk injection (ADR 0018); we only say, truthfully, what a verified
+Claude *sender's* mode is, so a bypass sender is not held by a bypass receiver.
 
-What we can read: the session process's command line (``--dangerously-skip-permissions``,
-``--permission-mode X``) and its settings files (``permissions.defaultMode``). A mode switched
-at run time (Shift+Tab) is invisible; the command line wins over settings, as in Claude.
+What we can read: the sender's process command line (``--dangerously-skip-permissions``,
+``--permission-mode X``) and its settings files (``permissions.defaultMode``). A mode the
+sender switched at run time (Shift+Tab) is invisible; the command line wins over settings, as
+in Claude.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 Mode = Literal["bypass", "prompting"]
-InboundPolicy = Literal["accept", "hold", "refuse"]
 
 BYPASS_MODE: Final = "bypassPermissions"
-_STRICTNESS: Final[dict[str, int]] = {"accept": 0, "hold": 1, "refuse": 2}
 MAX_SETTINGS_BYTES: Final = 1 << 20
 
 
@@ -84,21 +82,3 @@ def session_mode(pid: int, config_dir: Path, cwd: str | None) -> Mode:
     argv = process_argv(pid)
     return (cmdline_mode(argv) if argv else None) or settings_mode(config_dir, cwd) or (
         "prompting")
-
-
-def inbound_policy(config_dir: Path, cwd: str | None) -> InboundPolicy | None:
-    """``crossSessionInbound``: the user's value; project and local settings only make it
-    stricter (with no user value, they can set hold or refuse, never accept)."""
-    user, *project = settings_files(config_dir, cwd)
-    value = _settings(user).get("crossSessionInbound")
-    policy: InboundPolicy | None = value if value in _STRICTNESS else None
-    for path in project:
-        value = _settings(path).get("crossSessionInbound")
-        if value not in _STRICTNESS:
-            continue
-        if policy is None:
-            if value != "accept":
-                policy = value
-        elif _STRICTNESS[value] > _STRICTNESS[policy]:
-            policy = value
-    return policy

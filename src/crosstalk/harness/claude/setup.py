@@ -144,18 +144,18 @@ def doctor(env: Mapping[str, str]) -> list[Finding]:
     return [_installed(env), _skill(env), _gate(env), *_sessions(env)]
 
 
-#: What Claude's own refusals (ADR 0008) mean, for the sending model.
+#: What Claude's own answers to a held or refused message mean, for the sending model
+#: (its receipts; ADR 0007, 0018).
 SEND_HINTS = {
-    "permission_mode_parity": (
-        "that Claude session runs in another permission mode (one bypasses permissions, the "
-        "other does not), and Claude delivers a peer's message only between equal modes; "
-        "nothing was delivered. Its user can allow it with crossSessionInbound: accept"),
-    "inbound_refuse_by_setting": (
-        "that Claude session refuses messages from other sessions (crossSessionInbound: "
-        "refuse); nothing was delivered"),
-    "inbound_hold_by_setting": (
-        "that Claude session holds messages from other sessions for its user's approval "
-        "(crossSessionInbound: hold), which CrossTalk cannot ask for; nothing was delivered"),
+    "receipt_denied": (
+        "that session's user declined the message in Claude's hold dialog; it was not "
+        "delivered"),
+    "receipt_expired": (
+        "that session held the message for its user, who did not decide in time; it was not "
+        "delivered"),
+    "receipt_refused": (
+        "that Claude session refuses messages from other sessions (its crossSessionInbound "
+        "setting is refuse); nothing was delivered"),
 }
 
 
