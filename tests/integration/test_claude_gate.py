@@ -1,4 +1,4 @@
-"""Claude's own inbound gate decides every peer injection (issue 13 §1, ADR 0018).
+"""Claude's own inbound gate decides every peer injection (issue 13 §1, ADR 0020).
 
 Real ``crosstalk mcp`` shims under fake Claude sessions whose inbox gates like Claude 2.1.328
 (``tests/support/fakes/claude_gate.py``: SO_PEERCRED ancestry for ``selfSent``, parity by the

@@ -1,4 +1,4 @@
-"""The gate helper's link, process by process (ADR 0018): real helper processes, real sockets.
+"""The gate helper's link, process by process (ADR 0020): real helper processes, real sockets.
 
 A helper that dies while a write is in flight leaves that write ``unknown`` (it may have been
 written), never accepted; the next link is a new helper. A closed link ends its helper, and a

@@ -149,7 +149,7 @@ def test_capabilities_are_read_once_from_the_identifier() -> None:
     assert (claude.eager, claude.supersession) == (True, True)
     assert claude.control is not None
     assert claude.discovery is not None
-    assert claude.binder is not None  # starts the gate helper before registration (ADR 0018)
+    assert claude.binder is not None  # starts the gate helper before registration (ADR 0020)
     assert claude.reconciler is None
     codex = LoadedHarness.of(CodexIdentifier())
     assert (codex.eager, codex.supersession) == (False, False)

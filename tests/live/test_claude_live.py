@@ -137,7 +137,7 @@ def test_idle_session_wakes_on_crosstalk_send(world: World, timings: Timings) ->
     assert envelope is not None, seen[:600]
     assert envelope["body"] == text
     assert envelope["id"] == ack["message_id"]
-    # The frame is written by A's gate helper, from its own listener (ADR 0018).
+    # The frame is written by A's gate helper, from its own listener (ADR 0020).
     assert envelope["from"] == listen_path_for(alpha.wait_descriptor()["uds_path"])
 
 

@@ -1,4 +1,4 @@
-"""Claude's own inbound gate decides what reaches a CrossTalk session (issue 13 §1, ADR 0018),
+"""Claude's own inbound gate decides what reaches a CrossTalk session (issue 13 §1, ADR 0020),
 with the real Claude Code 2.1.328.
 
 B's shim has its detached gate helper write every peer frame, so Claude applies permission-mode

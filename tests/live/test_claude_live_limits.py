@@ -269,7 +269,7 @@ def test_held_by_a_bypass_session_until_its_user_delivers(world: World,
 def test_a_bypass_receiver_with_crosstalk_holds_through_its_own_gate(
         world: World, timings: Timings) -> None:
     """Claude 2.1.328 skips its gate for a frame from its own descendant (selfSent), and the
-    receiving shim is one; so B's detached gate helper writes peer frames (ADR 0018, which
+    receiving shim is one; so B's detached gate helper writes peer frames (ADR 0020, which
     supersedes 0008's refusal): a prompting peer's message to a bypassPermissions session with
     CrossTalk is held for its user, exactly as without CrossTalk, never delivered unheld and
     never refused."""
@@ -355,7 +355,7 @@ def test_shim_killed_between_ask_and_reply_reconnected_by_the_user(
     native = beta.wait_for_request(lambda e: uid in tool_result_blocks([e]), timeout=30)
     out = result_json(tool_result_blocks([native])[uid])
     assert out["success"] is False, out
-    # The helper went with the shim and removed its socket (ADR 0018).
+    # The helper went with the shim and removed its socket (ADR 0020).
     assert "ECONNREFUSED" in out["message"] or "ENOENT" in out["message"], out
     beta.wait_idle()
 

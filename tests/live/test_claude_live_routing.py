@@ -170,7 +170,7 @@ def test_native_reply_is_bounced_and_the_reply_tool_routes(world: World,
     timings.add("A's ask tool_use -> B's model request", got["t"] - ask_call["t"])
     env = envelope_with(got, question)
     assert env["name"] == "alpha"
-    # Written by B's gate helper, from its own listener (ADR 0018).
+    # Written by B's gate helper, from its own listener (ADR 0020).
     assert env["from"] == listen_path_for(b_desc["uds_path"])
     assert meta(env)["message-id"] == ask_id
     assert meta(env)["kind"] == "ask"
@@ -209,7 +209,7 @@ def test_native_reply_is_bounced_and_the_reply_tool_routes(world: World,
     assert rec["sender"]["agent_id"] == b_desc["agent_id"]
     assert rec["sender"]["ingress"] == "uds"
     # B's own Claude sent it to its gate helper, which handed it to B's shim: the shim
-    # relays it into its own ingress, so the connecting pid on record is the shim's (ADR 0018).
+    # relays it into its own ingress, so the connecting pid on record is the shim's (ADR 0020).
     assert rec["sender"]["peer_pid"] in beta.shim_pids()
 
     # B's mailbox (its receive_message call) shows the bounced frame and the open ask.

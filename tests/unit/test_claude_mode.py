@@ -1,4 +1,4 @@
-"""Reading a Claude sender's permission mode for the envelope's ``from-mode`` (ADR 0018)."""
+"""Reading a Claude sender's permission mode for the envelope's ``from-mode`` (ADR 0020)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers for the inbound-gate scenarios (``test_claude_live_gate.py``, ADR 0018): a sender
+"""Helpers for the inbound-gate scenarios (``test_claude_live_gate.py``, ADR 0020): a sender
 model's one ``send_message``, Claude's user settings, the receiver's journal for one message,
 and the A2A task as the *sender* sees it (GetTask with the sender's own token, run inside the
 namespace, where the receiver's A2A listener is).

@@ -3,7 +3,7 @@
 :mod:`.harness` (the session and its identifier), :mod:`.injector` (frame, pacing,
 receipts), :mod:`.registry` (its session records), :mod:`.inbox`, :mod:`.receipts`,
 :mod:`.mode` (permission modes), :mod:`.gate` and :mod:`.helper` (the detached
-writer that lets Claude's own inbound gate decide, ADR 0018).
+writer that lets Claude's own inbound gate decide, ADR 0020).
 """
 
 from crosstalk.harness.claude.harness import (

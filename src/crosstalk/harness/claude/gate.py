@@ -1,6 +1,6 @@
 """The shim's side of the inbound gate: one detached helper per agent writes its peer frames.
 
-Why (ADR 0018, research ``claude-code.md`` §5, §11): Claude applies permission-mode parity,
+Why (ADR 0020, research ``claude-code.md`` §5, §11): Claude applies permission-mode parity,
 ``crossSessionInbound``, the hold dialog and expiry only to frames from a process that does
 not descend from it, and it sends receipts only to a ``from`` listener owned by the very
 process that wrote the frame. A shim is Claude's child; its helper

@@ -57,7 +57,7 @@ class ClaudeHarness:
 
     A peer's message is written by the agent's gate helper, a process Claude does not count
     as its own, so Claude's inbound gate decides it: parity with the modes as they are now,
-    ``crossSessionInbound``, the hold dialog, expiry (ADR 0018). The shim's own notices
+    ``crossSessionInbound``, the hold dialog, expiry (ADR 0020). The shim's own notices
     (bounces, claim notices) are the session's own business and are written by the shim."""
 
     config_dir: Path

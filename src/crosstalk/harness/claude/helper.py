@@ -2,7 +2,7 @@
 
 Claude Code skips its permission-mode parity and ``crossSessionInbound`` for a frame whose
 writer descends from the receiving Claude (research ``claude-code.md`` §5, §11), and every
-shim does. So the shim's peer frames are written by this process instead (ADR 0018): started
+shim does. So the shim's peer frames are written by this process instead (ADR 0020): started
 ``python -m crosstalk.harness.claude.helper <fd> <listen path> <ancestor pid>`` in a new
 session, it forks once more and the middle process exits, so the helper is reparented away
 from Claude; it checks that ``<ancestor pid>`` (the session) is no longer its ancestor, binds

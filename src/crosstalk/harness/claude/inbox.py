@@ -30,7 +30,7 @@ MAX_LINE_CHARS: Final = 1_048_576
 #: How long we wait for the inbox to close after our half-close (Claude's sender waits 5 s).
 EOF_TIMEOUT: Final = 5.0
 CONNECT_TIMEOUT: Final = 2.0
-#: Largest line either side of the gate helper's socketpair carries (ADR 0018).
+#: Largest line either side of the gate helper's socketpair carries (ADR 0020).
 LINK_LIMIT: Final = 16 << 20
 
 
@@ -84,7 +84,7 @@ async def deliver(socket_path: str, frame: dict[str, Any], *, token: str | None 
 async def write_bytes(socket_path: str, payload: bytes, *,
                       eof_timeout: float = EOF_TIMEOUT) -> InboxResult:
     """Write ``payload`` (auth line and frame, :func:`encode`) into the inbox and report what
-    the socket proved. The inbound gate's helper process runs this too (ADR 0018): whichever
+    the socket proved. The inbound gate's helper process runs this too (ADR 0020): whichever
     process calls it is the frame's writer as Claude sees it."""
     try:
         reader, writer = await asyncio.wait_for(

@@ -3,7 +3,7 @@
 Injection (design doc §4.3): one frame into the session's ``messagingSocketPath``, carrying
 our envelope, a ``from`` address whose listener is the process that writes the frame (the
 agent's uds ingress when the shim writes; the gate helper's socket when the helper writes a
-peer's frame, ADR 0018 — either way a native reply comes back to the agent, where it is
+peer's frame, ADR 0020 — either way a native reply comes back to the agent, where it is
 bounced, seed §5) and ``session_id`` so a superseded conversation never gets it. Claude
 rate-limits per ``from`` address and may drop, hold or deny a frame after taking it; what its
 receipts say decides the outcome (ADR 0007).

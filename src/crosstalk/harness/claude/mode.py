@@ -3,7 +3,7 @@
 Claude Code delivers a peer message only if the sender's mode class (``bypass`` for
 bypassPermissions, else ``prompting``), as the envelope's ``from-mode`` says, equals the
 receiver's; else it holds it for its user (research ``claude-code.md`` §5). Claude decides
-that itself for every CrossTalk injection (ADR 0018); we only say, truthfully, what a verified
+that itself for every CrossTalk injection (ADR 0020); we only say, truthfully, what a verified
 Claude *sender's* mode is, so a bypass sender is not held by a bypass receiver.
 
 What we can read: the sender's process command line (``--dangerously-skip-permissions``,
