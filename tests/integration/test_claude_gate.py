@@ -50,8 +50,8 @@ def saw(node: Node, text: str) -> bool:
     return any(text in c for c in node.contents())
 
 
-async def entry(node: Node, message_id: str) -> dict[str, Any]:
-    got = await node.call("receive_message", limit=100)
+async def entry(node: Node, message_id: str, **filters: Any) -> dict[str, Any]:
+    got = await node.call("receive_message", limit=100, **filters)
     (found,) = [e for e in got["entries"] if e["message_id"] == message_id]
     return dict(found)
 
@@ -86,8 +86,14 @@ async def test_a_bypass_session_holds_a_prompting_peer_until_its_user_decides(
     ids, receipts = bob.fc.held()
     assert len(ids) == 1
     assert [r["sent"] for r in receipts] == [True], receipts  # the writer owns the listener
-    held = await entry(bob, sent["message_id"])
+    # Bob's model sees nothing of it either, as with Claude's own peers: not listed, and
+    # asked for by state, its text is withheld (or the hold would mean nothing).
+    listed = await bob.call("receive_message", limit=100)
+    assert sent["message_id"] not in [e["message_id"] for e in listed["entries"]], listed
+    held = await entry(bob, sent["message_id"], state="unknown")
     assert (held["state"], held.get("reason")) == ("unknown", "held_for_approval"), held
+    assert (held["text"], held["withheld"]) == ("", "held_for_approval"), held
+    assert "held one" not in json.dumps(listed) + json.dumps(held)
 
     bob.fc.decide(ids[0], deliver=True)
     await eventually(lambda: saw(bob, "held one"), what="the delivered message at bob")
@@ -103,10 +109,14 @@ async def test_a_bypass_session_holds_a_prompting_peer_until_its_user_decides(
     bob.fc.decide(ids[0], deliver=False)
 
     async def denied() -> bool:
-        e = await entry(bob, second["message_id"])
+        e = await entry(bob, second["message_id"], state="unreachable")
         return (e["state"], e.get("reason")) == ("unreachable", "receipt_denied")
     await until(denied, "bob's entry unreachable (denied)")
     assert not saw(bob, "denied one")
+    listed = await bob.call("receive_message", limit=100)
+    assert second["message_id"] not in [e["message_id"] for e in listed["entries"]]
+    gone = await entry(bob, second["message_id"], state="unreachable")
+    assert (gone["text"], gone["withheld"]) == ("", "receipt_denied"), gone
 
 
 async def test_cross_session_inbound_and_modes_decide_as_claude_does(

@@ -171,6 +171,27 @@ def test_a_message_being_delivered_is_shown_as_delivering() -> None:
         assert [e.message_id for e in page(entries, state=name).entries] == ["a"]
 
 
+@pytest.mark.parametrize(("state", "reason"), [
+    ("unknown", "held_for_approval"), ("unreachable", "receipt_denied"),
+    ("unreachable", "receipt_expired"), ("unreachable", "receipt_refused")])
+def test_a_message_its_user_has_not_let_through_is_withheld(state: str, reason: str) -> None:
+    """Held by Claude's own gate, or denied, expired or refused there (ADR 0020): the model
+    sees nothing of it by default, and by state only that it exists, never its text; once
+    its user delivers it, it shows as any other."""
+    entries = build_entries([msg(1, "w", text="secret"), move(2, "w", "dispatching"),
+                             move(3, "w", state, reason), msg(4, "x", "accepted")])
+    assert [e.message_id for e in page(entries).entries] == ["x"]
+    (only,) = page(entries, state=state).entries
+    shown = only.to_tool_dict()
+    assert (shown["text"], shown["withheld"], shown["reason"]) == ("", reason, reason)
+    assert "secret" not in json.dumps(shown)
+    released = build_entries([msg(1, "w", text="secret"), move(2, "w", "dispatching"),
+                              move(3, "w", "unknown", "held_for_approval"),
+                              move(4, "w", "accepted")])
+    assert [e.to_tool_dict()["text"] for e in page(released).entries] == ["secret"]
+    assert "withheld" not in page(released).entries[0].to_tool_dict()
+
+
 def test_default_filter_shows_what_the_model_should_see() -> None:
     result = page(build_entries(one_per_state()))
     shown = {e.state for e in result.entries}

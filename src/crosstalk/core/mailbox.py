@@ -39,6 +39,9 @@ Not shown by default:
 - ``rejected``: a policy, auth, hop, admission or size failure "stays out of the mailbox" (R2).
 - ``submitted``: still in flight, or a stranded A2A continuation that stays out (R2).
 - ``canceled``: the sender canceled it before dispatch; it reached no one.
+- a message Claude's own gate holds for the session's user, or that the user denied, let
+  expire or refused (:data:`WITHHELD_REASONS`, in ``unknown`` or ``unreachable``): the model
+  sees nothing of it, as natively. Named by its state, it is listed without its text.
 
 An explicit ``state`` shows every entry in that state, the excluded ones too; ``delivering``
 and ``dispatching`` name the same entries.
@@ -88,6 +91,14 @@ DEFAULT_STATES: frozenset[str] = frozenset(s.value for s in (
 
 MESSAGE_STATES: frozenset[str] = frozenset(s.value for s in MessageState)
 
+#: Reasons that say the session's user has not let a message through Claude's own inbound
+#: gate: held for approval, then denied, expired or refused (ADR 0020). Claude's model sees
+#: nothing of such a message, so neither may the mailbox show it: not listed by default, and
+#: asked for by state, listed without its text (or a model could read what its user is still
+#: deciding on, or turned away).
+WITHHELD_REASONS: frozenset[str] = frozenset({
+    "held_for_approval", "receipt_denied", "receipt_expired", "receipt_refused"})
+
 #: What the mailbox calls a journal state when the journal's word is not a model's.
 DELIVERING = "delivering"
 SHOWN_AS: Mapping[str, str] = {MessageState.DISPATCHING.value: DELIVERING}
@@ -130,16 +141,23 @@ class MailboxEntry:
     #: denied, expired), the latest one.
     receipt: str | None = None
 
+    @property
+    def withheld(self) -> bool:
+        """Its session's user has not let it through (:data:`WITHHELD_REASONS`)."""
+        return self.reason in WITHHELD_REASONS
+
     def to_tool_dict(self) -> dict[str, Any]:
         """JSON-ready, with stable keys; ``ask``, ``reply`` and ``receipt`` appear only when
-        present."""
+        present, ``withheld`` (the reason, with the text left out) only for a withheld
+        message."""
+        withheld = self.withheld
         out: dict[str, Any] = {
             "message_id": self.message_id,
             "from": self.sender,
             "from_agent_id": self.sender_agent_id,
             "kind": self.kind,
             "state": SHOWN_AS.get(self.state, self.state),
-            "text": self.text,
+            "text": "" if withheld else self.text,
             "in_reply_to": self.in_reply_to,
             "reason": self.reason,
             "seq": self.last_seq,
@@ -150,6 +168,8 @@ class MailboxEntry:
             out["reply"] = self.reply
         if self.receipt is not None:
             out["receipt"] = self.receipt
+        if withheld:
+            out["withheld"] = self.reason
         return out
 
 
@@ -301,7 +321,8 @@ def page(entries: Iterable[MailboxEntry], *, state: str | None = None,
          default_states: Collection[str] = DEFAULT_STATES) -> Page:
     """One page of entries changed after ``after``, oldest change first.
 
-    ``state`` filters to one message state; without it ``default_states`` applies. ``limit``
+    ``state`` filters to one message state; without it ``default_states`` applies, and a
+    withheld message (:data:`WITHHELD_REASONS`) is left out. ``limit``
     is clamped to 1..100. ``next_cursor`` is the ``seq`` of the last returned entry when more
     follow, else the newest change seen (or ``after``), so polling with it returns only what
     changes later.
@@ -311,7 +332,7 @@ def page(entries: Iterable[MailboxEntry], *, state: str | None = None,
     n = clamp_limit(limit)
     ordered = sorted(entries, key=lambda e: e.last_seq)
     newer = [e for e in ordered if e.last_seq > start]
-    matching = [e for e in newer if e.state in wanted]
+    matching = [e for e in newer if e.state in wanted and (state is not None or not e.withheld)]
     chosen = matching[:n]
     more = len(matching) > n
     # Nothing matching is left: skip past what does not match too. Safe, since any later
