@@ -101,8 +101,9 @@ async def test_an_inform_is_listed_delivering_the_moment_it_is_written(
 
     seen = await call(tools, "receive_message", {}, BOB)
     entry = one(seen["entries"], mid)
-    assert (entry["kind"], entry["from"], entry["text"]) == ("inform", "alice", "fyi")
-    assert entry["state"] == "delivering"
+    assert (entry["kind"], entry["from"], entry["state"]) == ("inform", "alice", "delivering")
+    # Its text waits for the outcome: the model that was shown it has it already.
+    assert (entry["text"], entry["withheld"]) == ("", "delivering")
     only = await call(tools, "receive_message", {"state": "delivering"}, BOB)
     assert [e["message_id"] for e in only["entries"]] == [mid]
 
@@ -170,8 +171,11 @@ async def test_a_reply_to_a_delivery_that_then_fails_is_refused_and_never_forwar
     refused = await reply
     assert refused["error"] == "not_delivered", refused
     assert str(outcome.reason) in refused["hint"]
-    entry = one((await call(tools, "receive_message", {}, BOB))["entries"], mid)
+    entry = one((await call(tools, "receive_message", {"state": shown}, BOB))["entries"], mid)
     assert (entry["state"], entry["reason"], entry.get("ask")) == (shown, outcome.reason, None)
+    listed = (await call(tools, "receive_message", {}, BOB))["entries"]
+    held = outcome.reason == "held_for_approval"  # withheld by default (ADR 0020)
+    assert (mid in [e["message_id"] for e in listed]) is not held
     sent = await ask
     assert (sent["state"], sent["reason"]) == (shown, outcome.reason)
     assert await replies_to(tools, mid, wait=False) == []

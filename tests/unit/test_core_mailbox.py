@@ -167,6 +167,10 @@ def test_a_message_being_delivered_is_shown_as_delivering() -> None:
     may name it either way."""
     entries = build_entries([msg(1, "a"), move(2, "a", "dispatching")])
     assert [e.to_tool_dict()["state"] for e in page(entries).entries] == ["delivering"]
+    shown = page(entries).entries[0].to_tool_dict()
+    assert (shown["text"], shown["withheld"]) == ("", "delivering")  # until its outcome
+    done = build_entries([msg(1, "a"), move(2, "a", "dispatching"), move(3, "a", "accepted")])
+    assert page(done).entries[0].to_tool_dict()["text"] == "hello"
     for name in ("delivering", "dispatching"):
         assert [e.message_id for e in page(entries, state=name).entries] == ["a"]
 

@@ -30,8 +30,11 @@ Shown by default:
   the harness is putting it into the session, and its outcome is not known yet. A model may
   already have it: Claude shows a frame to its model ~100 ms after the inbox reads it, while
   the injector waits out its receipt grace, and a model that answers at once must find the
-  message it was just shown (issue 13). The journal keeps ``dispatching`` (the word for "never
-  resent", R2); the mailbox says what it means to a model. ``reply`` to such a message waits
+  message it was just shown (issue 13). It is listed without its text (``withheld:
+  delivering``) until its outcome is known: the model that was shown it has the text, and
+  one that was not must not read a message its session may still hold or drop. The journal
+  keeps ``dispatching`` (the word for "never resent", R2); the mailbox says what it means to
+  a model. ``reply`` to such a message waits
   for the outcome (ADR 0019).
 
 Not shown by default:
@@ -146,11 +149,21 @@ class MailboxEntry:
         """Its session's user has not let it through (:data:`WITHHELD_REASONS`)."""
         return self.reason in WITHHELD_REASONS
 
+    @property
+    def text_withheld(self) -> str | None:
+        """Why the entry is shown without its text, if it is: withheld by the session's user,
+        or still being delivered. A model that was shown a message being delivered has its
+        text already and needs only its id; one that was not must not act on a message
+        whose outcome is open, and Claude's gate may still hold it for the user."""
+        if self.withheld:
+            return self.reason
+        return DELIVERING if self.state == MessageState.DISPATCHING.value else None
+
     def to_tool_dict(self) -> dict[str, Any]:
         """JSON-ready, with stable keys; ``ask``, ``reply`` and ``receipt`` appear only when
-        present, ``withheld`` (the reason, with the text left out) only for a withheld
-        message."""
-        withheld = self.withheld
+        present, ``withheld`` (why the text is left out) only when it is
+        (:attr:`text_withheld`)."""
+        withheld = self.text_withheld
         out: dict[str, Any] = {
             "message_id": self.message_id,
             "from": self.sender,
@@ -168,8 +181,8 @@ class MailboxEntry:
             out["reply"] = self.reply
         if self.receipt is not None:
             out["receipt"] = self.receipt
-        if withheld:
-            out["withheld"] = self.reason
+        if withheld is not None:
+            out["withheld"] = withheld
         return out
 
 
