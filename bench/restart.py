@@ -14,6 +14,13 @@ the task store's load, receiver recovery, both listeners and the descriptor. The
 reports how long ``start()`` took; the parent reads the child's peak RSS from ``wait4``
 (``ru_maxrss``) and times spawn-to-ready (which includes the interpreter and imports).
 
+Three starts per run (ADR 0018): with no checkpoint (``agent_restart``: a full replay, as
+the first start of a journal without one), right after that start's clean stop
+(``agent_restart_fresh_checkpoint``: the usual restart), and from a checkpoint about 2,000
+lines behind the journal (``agent_restart_stale_checkpoint``: a restart after a SIGKILL, the
+background advance having run a while before). Each also reports the first
+``receive_message`` after the start and the stop.
+
 Baseline, measured in the same run: a child with the same imports that reads the same file and
 splits it into lines (no decoding, no CRC) — the floor for anything that looks at every line
 at once — and its peak RSS.
