@@ -41,7 +41,7 @@ from tests.live.support.extras import (
     transcript,
     wait_screen,
 )
-from tests.live.support.gate import choose
+from tests.live.support.gate import choose, send_once
 
 pytestmark = pytest.mark.live
 
@@ -191,23 +191,6 @@ def test_burst_of_40_from_three_senders(world: World, timings: Timings) -> None:
 #: warning; ``IS_SANDBOX=1`` because we run as root). No ``crossSessionInbound`` setting.
 BYPASS = {"permission_mode": "bypassPermissions",
           "extra_args": ("--dangerously-skip-permissions",)}
-
-
-def send_once(world: World, sender: LiveClaude, to: str, text: str) -> tuple[dict[str, Any], float]:
-    """The sender's model calls send_message once; its tool result and the call's latency."""
-    trigger = unique("GO-SEND")
-    world.mock.add_rules({
-        "id": trigger, "match": trigger, "session": sender.session_id,
-        "tool_use": {"name": "mcp__crosstalk__send_message", "input": {"to": to, "text": text}},
-        "then": {"text": "sent it"}})
-    after = sender.last_seq()
-    sender.send_keys(f"{trigger} message {to}")
-    call = sender.wait_for_request(lambda e: e.get("rule") == trigger, timeout=30, after=after)
-    done = sender.wait_for_request(lambda e: call["response"][0]["id"] in tool_result_blocks([e]),
-                                   timeout=30, after=call["seq"])
-    block = tool_result_blocks([done])[call["response"][0]["id"]]
-    assert not block.get("is_error"), block
-    return result_json(block), done["t"] - call["t"]
 
 
 def model_saw(claude: LiveClaude, text: str) -> bool:

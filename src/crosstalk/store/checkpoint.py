@@ -23,7 +23,6 @@ lock-free read had seen it).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -33,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, fsync_dir
+from crosstalk.config import MAX_JOURNAL_LINE
+from crosstalk.store.files import write_atomic
 from crosstalk.store.journal_format import decode_line
 from crosstalk.store.journal_read import ResumeRefused
 
@@ -125,23 +125,8 @@ def write(path: Path, agent_id: str, mark: Mark,
     """Write the checkpoint durably (temp + fsync + rename + directory fsync)."""
     header = {"format": FORMAT, "version": VERSION, "agent_id": agent_id, **mark.to_json(),
               "sections": [[name, len(data), zlib.crc32(data)] for name, data in sections]}
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 PRIVATE_FILE_MODE)
-    try:
-        for data in (encode(header), *(data for _, data in sections)):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_atomic(path, [encode(header), *(data for _, data in sections)],
+                 role="a restart checkpoint")
 
 
 @dataclass

@@ -18,6 +18,7 @@ import os
 import secrets
 import shlex
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -79,18 +80,22 @@ def open_regular(path: Path, flags: int, mode: int = PRIVATE_FILE_MODE, *, role:
     return fd
 
 
-def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE, *,
+def write_atomic(path: Path, data: bytes | Sequence[bytes],
+                 mode: int = PRIVATE_FILE_MODE, *,
                  role: str = "a file CrossTalk writes") -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new file, never half.
+    """Replace ``path`` with ``data`` (bytes, or chunks written in turn: a restart
+    checkpoint need not be joined first) so that readers see the old or the new file, never
+    half.
 
     A directory at ``path`` (rename cannot replace one) is :class:`StatePathError` naming
     ``role``; any other file type there is simply replaced."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view.tobytes()) :]
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
         os.fchmod(fd, mode)
         os.fsync(fd)
     except BaseException:
