@@ -21,7 +21,7 @@ KNOWN_ERRORS = {"invalid_arguments", "invalid_cursor", "unknown_tool", "unbound"
                 "ask_closed", "cannot_claim_self", "cannot_release_self", "already_claimed",
                 "claimer_not_primary", "not_owner", "not_claimed", "no_such_agent",
                 "ambiguous_name", "unreachable", "unknown", "journal_unavailable",
-                "control_not_supported"}
+                "control_not_supported", "not_delivered", "delivery_pending"}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
