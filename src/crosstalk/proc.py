@@ -98,6 +98,27 @@ def _exited(raw: bytes) -> bool:
     return state in ([b"Z"], [b"X"])
 
 
+def parent_pid(pid: int) -> int | None:
+    """Field 4 (ppid) of ``/proc/<pid>/stat``; ``None`` if there is no such process to read."""
+    raw = _read_stat(pid)
+    return None if raw is None else int(raw[raw.rfind(b")") + 1 :].split()[1])
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent chain up to init, from ``/proc`` (stops at the first unreadable one).
+
+    Claude skips its inbound gate for a writer it is an ancestor of; the gate helper checks it
+    is not one before it writes (ADR 0020)."""
+    chain: list[int] = []
+    while pid > 1 and len(chain) < 512:
+        parent = parent_pid(pid)
+        if parent is None:
+            break
+        chain.append(parent)
+        pid = parent
+    return chain
+
+
 def is_zombie(pid: int) -> bool:
     """The process has exited and waits to be reaped (Linux state ``Z``): it holds its pid but
     runs nothing, so it serves no socket. Codex SIGKILLs its MCP servers on shutdown and their

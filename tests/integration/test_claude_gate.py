@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 import pytest
 
+from crosstalk.proc import ancestors
 from tests.support.claude import claude_env, running
 from tests.support.claude_world import Node, world
-from tests.support.fakes.claude_gate import ancestors
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

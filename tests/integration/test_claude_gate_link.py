@@ -21,7 +21,7 @@ import pytest
 from crosstalk import proc
 from crosstalk.core.states import MessageState
 from crosstalk.harness.claude import gate
-from crosstalk.harness.claude.helper import ancestors
+from crosstalk.proc import ancestors
 from tests.support.claude import running
 from tests.support.dirs import short_dir
 from tests.support.waiting import eventually, eventually_sync
@@ -51,7 +51,7 @@ async def test_a_helper_killed_mid_write_leaves_the_write_unknown(sockets: Path)
     try:
         link = await gate.link_for(target(sockets))
         assert link.pid is not None
-        assert os.getpid() not in gate_ancestors(link.pid)
+        assert os.getpid() not in ancestors(link.pid)
         write = asyncio.ensure_future(link.write(str(sockets / "inbox.sock"), b'{"x":1}\n'))
         await eventually(lambda: held, what="the helper connected to the inbox")
         os.kill(link.pid, signal.SIGKILL)
@@ -92,7 +92,7 @@ def test_a_helper_outlives_no_shim_killed_with_sigkill(tmp_path: Path) -> None:
             assert shim.stdout is not None
             helper = int(shim.stdout.readline())
             assert running(helper)
-            assert shim.pid not in gate_ancestors(helper)
+            assert shim.pid not in ancestors(helper)
             shim.send_signal(signal.SIGKILL)
             shim.wait(10)
             eventually_sync(lambda: not running(helper), what="the helper gone with its shim")
@@ -115,6 +115,3 @@ def test_relayed_credentials_count_only_from_this_process() -> None:
     plain = {"type": "control", "action": "peer_message_status"}
     assert gate.unwrap(plain, 7, "1") == (plain, 7, "1")
 
-
-def gate_ancestors(pid: int) -> list[int]:
-    return ancestors(pid)

@@ -25,12 +25,7 @@ from mcp import Client
 
 from crosstalk import proc
 from crosstalk.harness.claude.registry import liveness, read_peer_token, read_record
-from tests.support.claude import (
-    FakeClaude,
-    claude_env,
-    parent_pid,
-    running,
-)
+from tests.support.claude import FakeClaude, claude_env, running
 from tests.support.dirs import short_dir
 from tests.support.uds import LoopThread
 from tests.support.waiting import eventually_sync
@@ -229,7 +224,7 @@ async def test_mcp_client_reaches_a_shim_whose_parent_is_the_session(
         assert len(listed.tools) == 7
         pids = fc.shims()
         assert len(pids) == 1
-        assert parent_pid(pids[0]) == fc.pid
+        assert proc.parent_pid(pids[0]) == fc.pid
         env = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
         assert f"CLAUDE_CODE_SESSION_ID={fc.session_id}".encode() in env
         assert f"CLAUDE_CODE_MESSAGING_SOCKET={fc.socket}".encode() in env

@@ -65,15 +65,6 @@ def running(pid: int) -> bool:
     return raw[raw.rfind(b")") + 1:].split()[0] != b"Z"
 
 
-def parent_pid(pid: int) -> int | None:
-    """Field 4 (ppid) of ``/proc/<pid>/stat``; ``None`` if the process is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return int(raw[raw.rfind(b")") + 1:].split()[1])
-
-
 class FakeClaude:
     """One fake Claude Code session process. ``with FakeClaude(...) as c:`` starts and stops it.
 

@@ -336,3 +336,24 @@ def test_a_zombie_does_not_match_its_record() -> None:
         child.kill()
         child.wait()
     assert not is_zombie(child.pid)
+
+
+@linux_only
+def test_parent_chain_of_a_child_runs_through_us_to_init() -> None:
+    """A child's chain starts at its parent (this process) and runs through ours; a process
+    that is gone has no parent and no chain."""
+    child = subprocess.Popen([sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"up\n"
+        assert proc.parent_pid(child.pid) == os.getpid()
+        chain = proc.ancestors(child.pid)
+        assert chain[0] == os.getpid()
+        assert chain[1:] == proc.ancestors(os.getpid())
+        assert chain[-1] in (0, 1)
+    finally:
+        child.kill()
+        child.wait()
+    assert proc.parent_pid(child.pid) is None
+    assert proc.ancestors(child.pid) == []

@@ -36,18 +36,6 @@ _HEX_NAME = re.compile(r"^(\d+(-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock$")
 _STRICT = {"accept": 0, "hold": 1, "refuse": 2}
 
 
-def ancestors(pid: int) -> list[int]:
-    chain: list[int] = []
-    while pid > 1 and len(chain) < 512:
-        try:
-            raw = Path(f"/proc/{pid}/stat").read_bytes()
-        except OSError:
-            break
-        pid = int(raw[raw.rfind(b")") + 1:].split()[1])
-        chain.append(pid)
-    return chain
-
-
 def _settings(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -103,7 +91,7 @@ class Gate:
 
     def decide(self, frame: dict[str, Any], peer_pid: int | None) -> str:
         """``deliver``, ``hold`` or ``refuse`` for one user frame."""
-        if peer_pid is None or peer_pid == self.pid or self.pid in ancestors(peer_pid):
+        if peer_pid is None or peer_pid == self.pid or self.pid in proc.ancestors(peer_pid):
             return "deliver"  # selfSent: Claude's gate skips its own descendants
         policy = self.policy()
         if policy == "accept":

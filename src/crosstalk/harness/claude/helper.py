@@ -31,7 +31,6 @@ import socket
 import stat
 import sys
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from crosstalk import proc
@@ -44,19 +43,6 @@ MAX_ARRIVAL: Final = 4 << 20
 ARRIVAL_IDLE: Final = 30.0
 #: How long the helper waits to be reparented after the middle process exits.
 REPARENT_TIMEOUT: Final = 5.0
-
-
-def ancestors(pid: int) -> list[int]:
-    """``pid``'s parent chain up to init, from ``/proc`` (stops at the first unreadable one)."""
-    chain: list[int] = []
-    while pid > 1 and len(chain) < 512:
-        try:
-            raw = Path(f"/proc/{pid}/stat").read_bytes()
-        except OSError:
-            break
-        pid = int(raw[raw.rfind(b")") + 1:].split()[1])
-        chain.append(pid)
-    return chain
 
 
 class Helper:
@@ -104,7 +90,7 @@ class Helper:
     async def run(self, ancestor: int) -> int:
         reader, self.writer = await asyncio.open_unix_connection(sock=self.link,
                                                                  limit=LINK_LIMIT)
-        if ancestor in ancestors(os.getpid()):
+        if ancestor in proc.ancestors(os.getpid()):
             await self.send({"op": "failed", "why": "still_a_descendant"})
             return 1
         try:
