@@ -34,19 +34,15 @@ from tests.live.support.gate import (
     model_saw,
     send_once,
     task_as_sender,
-    unique,
     user_settings,
 )
+from tests.live.support.steps import start_all, unique
 
 pytestmark = pytest.mark.live
 
 
-def start_all(*sessions: LiveClaude) -> None:
-    for claude in sessions:
-        claude.start()
-    for claude in sessions:
-        claude.wait_named()
-        claude.wait_mcp_connected()
+def start_idle(*sessions: LiveClaude) -> None:
+    start_all(*sessions)
     for claude in sessions:
         claude.wait_idle()
 
@@ -83,7 +79,7 @@ def view_when(world: World, sender: LiveClaude, receiver: LiveClaude, mid: str, 
 
 def test_held_for_bs_user_then_delivered_then_denied(world: World, timings: Timings) -> None:
     alpha, beta = world.session("alpha"), world.session("beta", **BYPASS)
-    start_all(alpha, beta)
+    start_idle(alpha, beta)
     text = unique("LIVE-GATE-HELD")
 
     result, took = send_once(world, alpha, "beta", text)
@@ -135,7 +131,7 @@ def test_held_for_bs_user_then_delivered_then_denied(world: World, timings: Timi
 
 def test_bypass_to_bypass_is_delivered_not_held(world: World, timings: Timings) -> None:
     alpha, beta = world.session("alpha", **BYPASS), world.session("beta", **BYPASS)
-    start_all(alpha, beta)
+    start_idle(alpha, beta)
     text = unique("LIVE-GATE-BYPASS")
     result, took = send_once(world, alpha, "beta", text)
     timings.add("bypass -> bypass send_message: tool_use -> tool_result", took)
@@ -153,7 +149,7 @@ def test_cross_session_inbound_setting(world: World, timings: Timings, policy: s
     user_settings(world, crossSessionInbound=policy)
     alpha = world.session("alpha")
     beta = world.session("beta", **(BYPASS if policy == "accept" else {}))
-    start_all(alpha, beta)
+    start_idle(alpha, beta)
     text = unique(f"LIVE-GATE-{policy.upper()}")
     result, took = send_once(world, alpha, "beta", text)
     timings.add(f"crossSessionInbound={policy}: send_message tool_use -> tool_result", took)

@@ -42,20 +42,9 @@ from tests.live.support.extras import (
     wait_screen,
 )
 from tests.live.support.gate import choose, send_once
+from tests.live.support.steps import start_all, unique
 
 pytestmark = pytest.mark.live
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def start_all(*sessions: LiveClaude) -> None:
-    for claude in sessions:
-        claude.start()
-    for claude in sessions:
-        claude.wait_named()
-        claude.wait_mcp_connected()
 
 
 def press_enter_together(*sessions: LiveClaude, texts: list[str]) -> None:

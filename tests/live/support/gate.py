@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,12 @@ from tests.live.support.extras import (
     tool_result_blocks,
     wait_screen,
 )
+from tests.live.support.steps import unique
 
 #: A session in bypassPermissions mode (research §7; ``IS_SANDBOX=1`` because we run as root).
 BYPASS: dict[str, Any] = {"permission_mode": "bypassPermissions",
                           "extra_args": ("--dangerously-skip-permissions",)}
 HOLD_DIALOG = ("Held message from another session", "Deliver this message to Claude")
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def user_settings(world: World, **changes: Any) -> None:
