@@ -53,6 +53,7 @@ from crosstalk.harness.base import (
 )
 from crosstalk.ingress.uds import UdsIngress
 from crosstalk.receiver import Receiver, ReceiverUnavailable
+from crosstalk.store import collector
 from crosstalk.store.journal import Journal, JournalError
 from crosstalk.store.journal_read import ReadMark
 from crosstalk.store.registry import (
@@ -158,17 +159,18 @@ class Agent:
                                      harness=spec.harness, binding=binding, limits=self.limits,
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
-            # One streaming pass for every reader of the journal, from a restart checkpoint
-            # when one holds (issue 12, item 6; ADR 0018).
-            self.started = start_pass(self.journal, self.receiver, self.checkpoint_policy)
-            read = self.started.readers
-            self.claim = claim_state(read.claims.records)
-            self.reply_states = reply_state(read.replies.records)
             self.checkpoints = Checkpoints(self.journal, self.agent_id,
                                            self.checkpoint_policy, self.group)
-            await self.group.open()  # (the lane opens it too; the write is its task)
-            self.checkpoints.started(self.started)  # before finish() settles anything
-            resumable = read.restore.finish()
+            await self.group.open()  # (the lane opens it too; the checkpoint write is its task)
+            with collector.paused():
+                # One streaming pass for every reader of the journal, from a restart
+                # checkpoint when one holds (issue 12, item 6; ADR 0018).
+                self.started = start_pass(self.journal, self.receiver, self.checkpoint_policy)
+                read = self.started.readers
+                self.claim = claim_state(read.claims.records)
+                self.reply_states = reply_state(read.replies.records)
+                self.checkpoints.started(self.started)  # before finish() settles anything
+                resumable = read.restore.finish()
             self.receiver.follow(read.mailbox, ReadMark(self.started.replay.ino,
                                                         self.started.replay.end))
             self.lane = DispatchLane(self.receiver, self.group)
@@ -180,7 +182,8 @@ class Agent:
                                  agent_id=self.agent_id, name=choice.name, lane=self.lane,
                                  limits=self.limits)
             self._wire_claims(read.claims.records)
-            self.a2a.restore(read.tasks, resumable)
+            with collector.paused():
+                self.a2a.restore(read.tasks, resumable)
             url = await self.a2a.start()
             cred = reg.issue_credential()
             pid, started = own_process_identity()

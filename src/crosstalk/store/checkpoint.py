@@ -36,6 +36,7 @@ from crosstalk.config import MAX_JOURNAL_LINE
 from crosstalk.store.files import write_atomic
 from crosstalk.store.journal_format import decode_line
 from crosstalk.store.journal_read import ResumeRefused
+from crosstalk.store.jsonload import loads
 
 FORMAT = "crosstalk-restart-checkpoint"
 #: Bumped whenever what a section holds changes: a checkpoint of another version is refused.
@@ -203,7 +204,7 @@ def _sections(f: BinaryIO, listed: Sequence[tuple[str, int, int]],
             if len(data) != length or zlib.crc32(data) != crc:
                 raise CheckpointRefused(f"its section {name!r} is torn or corrupt")
             try:
-                yield name, json.loads(data)
+                yield name, loads(data)
             except ValueError as exc:
                 raise CheckpointRefused(f"its section {name!r} does not read") from exc
             finally:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import gc
 import os
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any
 
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
+from crosstalk.store import collector
 from crosstalk.store.files import FileOps, OsFileOps, open_regular
 from crosstalk.store.journal_format import (
     decode_scanned,
@@ -261,7 +261,7 @@ class Journal:
             self._last_seq = since.seq if since is not None else 0
             self._streaming = each is not None
             try:
-                with _collector_paused() if each is not None else contextlib.nullcontext():
+                with collector.paused() if each is not None else contextlib.nullcontext():
                     self._catch_up_locked(result, limit, each)
             except BaseException:
                 # Cut off mid-file: what was counted is partial, so the next append rescans
@@ -428,21 +428,3 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a replay streams into its readers.
-
-    The readers keep what they rebuild (an entry per message, a task per task), so every
-    generational pass rescans a growing heap of survivors: a tenth to a fifth of a 20k-message
-    restart. Nothing a replay allocates forms a reference cycle (decoded JSON, typed records,
-    entries), so reference counting frees all of it meanwhile; the collector resumes after.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

@@ -13,6 +13,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from crosstalk.store.jsonload import loads
+
 _PREFIX = b'{"c":"'
 # The head of every line of an append_batch write except its last: "this write continues".
 # A SIGKILL inside a multi-page write() can leave the batch's first lines complete on disk;
@@ -27,7 +29,6 @@ _CRC_END = _HEAD_START + 8
 _HEAD_LEN = _CRC_END + len(_MIDDLE)  # 20 bytes before the record JSON
 #: Bytes read at once: what a replay holds besides its records (the split lines of one chunk).
 _READ_CHUNK = 1024 * 1024
-_DECODER = json.JSONDecoder()
 
 
 def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
@@ -53,17 +54,8 @@ def decode_line(line: bytes) -> dict[str, Any] | str:
     if zlib.crc32(body, _MORE_CRC if more else 0) != int(crc_field, 16):
         return "checksum"
     try:
-        if body.startswith(b'{"'):
-            # What json.loads does with these bytes, minus its encoding sniff (a body that
-            # opens with '{"' is UTF-8 to it: only BOMs and NUL bytes say otherwise) and its
-            # whitespace scans (loads itself decides whenever anything follows the object).
-            text = body.decode("utf-8", "surrogatepass")
-            record, stop = _DECODER.raw_decode(text)
-            if stop != len(text):
-                record = json.loads(text)
-        else:
-            record = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        record = loads(body)
+    except ValueError:  # UnicodeDecodeError is one
         return "json"
     if not isinstance(record, dict):
         return "json"
