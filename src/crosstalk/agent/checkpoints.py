@@ -34,7 +34,7 @@ from crosstalk.agent.start_pass import StartPass
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.config import MAX_JOURNAL_LINE
 from crosstalk.receiver import Receiver
-from crosstalk.store import checkpoint
+from crosstalk.store import checkpoint, collector
 from crosstalk.store.checkpoint import CheckpointRefused, Mark
 from crosstalk.store.journal import Journal
 from crosstalk.store.journal_format import scan_lines, whole_writes
@@ -245,7 +245,15 @@ class Checkpoints:
 def advanced(fd: int, upto: ReadMark, path: Path, agent_id: str, stop: threading.Event,
              ) -> tuple[Mark, list[tuple[str, bytes]]] | None:
     """The checkpoint at ``path`` moved on to ``upto`` in the journal open at ``fd`` (from
-    nothing if it does not hold), or ``None`` if there is nothing new or ``stop`` was set."""
+    nothing if it does not hold), or ``None`` if there is nothing new or ``stop`` was set.
+    Runs with the collector paused (ADR 0021): a gen-2 pass over the readers it rebuilds
+    would hold the GIL the agent's event loop needs."""
+    with collector.paused():
+        return _advanced(fd, upto, path, agent_id, stop)
+
+
+def _advanced(fd: int, upto: ReadMark, path: Path, agent_id: str, stop: threading.Event,
+              ) -> tuple[Mark, list[tuple[str, bytes]]] | None:
     readers, start, seq = _resumed(fd, upto, path, agent_id)
     if readers is None:
         readers, start, seq = StartPass(None, agent_id), 0, 0
