@@ -75,6 +75,8 @@ class FakeOpencode:
     messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     prompts: list[Prompt] = field(default_factory=list)
     pid: int = field(default_factory=os.getpid)
+    #: Where each prompt is also appended as a JSON line (for a test in another process).
+    prompts_file: str | None = None
     _server: asyncio.Server | None = None
     _streams: list[asyncio.Queue[dict[str, Any] | None]] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -131,7 +133,8 @@ class FakeOpencode:
         now = int(time.time() * 1000)
         info: dict[str, Any] = {"id": sid, "slug": slug or f"slug-{len(self.sessions)}",
                                 "projectID": "global", "directory": self.directory,
-                                "title": title or f"New session - {time.strftime('%Y')}",
+                                "title": title or "New session - " + time.strftime(
+                                    "%Y-%m-%dT%H:%M:%S.000Z"),
                                 "version": VERSION, "time": {"created": now, "updated": now}}
         if parent is not None:
             info["parentID"] = parent
@@ -278,6 +281,9 @@ class FakeOpencode:
         if not isinstance(body, dict) or not isinstance(body.get("parts"), list):
             return 400, {"name": "BadRequest"}
         self.prompts.append(Prompt(sid, body))
+        if self.prompts_file:
+            with open(self.prompts_file, "a") as f:
+                f.write(json.dumps({"session": sid, "body": body}) + "\n")
         if self.behaviour.vanish_on_prompt:
             task = asyncio.get_running_loop().create_task(self.stop())
             self._tasks.add(task)
@@ -329,7 +335,8 @@ async def _control(fake: FakeOpencode, path: str) -> None:
 
 
 async def _main(config: dict[str, Any], command: list[str]) -> int:
-    fake = await FakeOpencode(config["socket"], config["directory"], config["state"]).start()
+    fake = await FakeOpencode(config["socket"], config["directory"], config["state"],
+                              prompts_file=config.get("prompts")).start()
     control = asyncio.get_running_loop().create_task(_control(fake, config["control"]))
     env = {**os.environ, "OPENCODE": "1", "OPENCODE_PID": str(os.getpid()), "AGENT": "1"}
     child = await asyncio.create_subprocess_exec(*command, env=env, cwd=config["directory"])
