@@ -30,7 +30,7 @@ from crosstalk.harness.opencode import (
     inject_at,
     parent_is_opencode,
 )
-from tests.support.fakes.opencode_instance import Behaviour, FakeOpencode
+from tests.support.fakes.opencode_instance import FakeOpencode
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
