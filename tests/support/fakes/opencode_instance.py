@@ -226,8 +226,9 @@ class FakeOpencode:
                 writer.transport.abort()  # vanished mid-request
                 return
             await _answer(writer, status, body)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError,
+                asyncio.CancelledError):
+            pass  # a client gone, or the instance disposed under a stream
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
