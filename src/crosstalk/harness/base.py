@@ -7,14 +7,14 @@ first-class implementation used by tests, benchmarks and the demo.
 
 What only some harnesses can do is declared here too, one Protocol per capability
 (:class:`Binder`, :class:`ControlReceiver`, :class:`EagerRegistration`, :class:`Supersession`,
-:class:`Reconciler`, :class:`Discovery`). They are checked once, when an identifier is loaded
-(:meth:`LoadedHarness.of`); the shim and the agent use the typed fields of that record and
-never probe an object for a method.
+:class:`Reconciler`, :class:`Discovery`, :class:`ArgumentEvidence`, :class:`LiveSessions`).
+They are checked once, when an identifier is loaded (:meth:`LoadedHarness.of`); the shim and
+the agent use the typed fields of that record and never probe an object for a method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -239,6 +239,42 @@ class Reconciler(Protocol):
         ...
 
 
+@runtime_checkable
+class ArgumentEvidence(Protocol):
+    """A harness whose evidence travels in the call's *arguments* (opencode's plugin stamps
+    ``_opencode: {sessionID, callID}`` there: its ``_meta`` holds only a progress token).
+
+    The shim removes the argument named ``stamp`` from every call before the tools see the
+    arguments (they refuse what they do not know), whoever's the call turns out to be and
+    even when this identifier refuses it; only this identifier is shown the stamp's value.
+    Trust order still decides which identifier is asked first (ADR 0901)."""
+
+    #: The argument this harness's host stamps into calls of CrossTalk's tools.
+    stamp: str
+
+    def identify_stamped(self, meta: Mapping[str, Any] | None,
+                         stamp: object) -> Identity | None:
+        """The calling session from ``meta`` and the stamp's value (``None``: no stamp), or
+        ``None`` when this evidence does not hold (never raises for a malformed stamp)."""
+        ...
+
+
+@runtime_checkable
+class LiveSessions(Protocol):
+    """Sessions that are full agents before any call, several per shim (opencode: every root
+    session its host instance shows live, pooled in the one shim of that instance).
+
+    ``live_sessions`` yields, each time the harness's evidence changes, the *whole* set of
+    this harness's sessions live now (not a delta); the shim registers new ones (up to its
+    cap) and retires those it registered from an earlier set that are gone from this one.
+    The iterator may end (its host went away); the shim starts it again on its next poll.
+    A harness must yield only sessions it has positive evidence for: the set is taken as the
+    truth, and a session missing from it is retired (ADR 0901)."""
+
+    def live_sessions(self) -> AsyncIterator[Sequence[Identity]]:
+        ...
+
+
 @dataclass(frozen=True)
 class LoadedHarness:
     """An identifier with each optional capability checked once, as the shim and agent use it.
@@ -251,6 +287,8 @@ class LoadedHarness:
     control: ControlReceiver | None = None
     reconciler: Reconciler | None = None
     discovery: Discovery | None = None
+    arguments: ArgumentEvidence | None = None
+    live: LiveSessions | None = None
     eager: bool = False
     supersession: bool = False
 
@@ -266,6 +304,8 @@ class LoadedHarness:
             control=identifier if isinstance(identifier, ControlReceiver) else None,
             reconciler=identifier if isinstance(identifier, Reconciler) else None,
             discovery=identifier if isinstance(identifier, Discovery) else None,
+            arguments=identifier if isinstance(identifier, ArgumentEvidence) else None,
+            live=identifier if isinstance(identifier, LiveSessions) else None,
             eager=isinstance(identifier, EagerRegistration) and bool(identifier.eager),
             supersession=(isinstance(identifier, Supersession)
                           and bool(identifier.supersession)))

@@ -4,15 +4,21 @@ It behaves like a harness session that records what reached it. Each injection t
 next scripted :class:`Step` (or the default), which can succeed, refuse, fail ambiguously,
 raise, return a malformed result, or block between "dequeue" and "write" until released:
 exactly the branches seed test 16 and the cancel race (test 22) need.
+
+Its identifier also exercises the seam's two per-harness evidence shapes: a call may name its
+session in a ``_fake`` *argument* (as opencode's plugin stamps ``_opencode``), and with
+``CROSSTALK_FAKE_LIVE`` set its sessions are live before any call, read from a JSON file a test
+rewrites (as opencode's event stream shows sessions).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,8 @@ from typing import Any
 from crosstalk.core.states import MessageState
 from crosstalk.harness.base import Binding, Delivery, Harness, Identifier, Identity, Outcome
 from crosstalk.harness.plugin import HarnessPlugin, ShimContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +91,10 @@ class FakeHarness:
 #: The ``_meta`` keys by which a test client says which fake session a call comes from.
 FAKE_SESSION_META = "crosstalk.fake/session"
 FAKE_NAME_META = "crosstalk.fake/name"
+#: The argument by which a call may name its fake session instead: ``{"session", "name"?}``.
+FAKE_STAMP = "_fake"
+#: How often the live-sessions file is re-read.
+LIVE_POLL_SECONDS = 0.1
 
 
 @dataclass
@@ -123,13 +135,27 @@ class FakeIdentifier:
     inbox_dir: str | None = None
     harnesses: dict[str, FakeHarness] = field(default_factory=dict)
 
+    #: harness.base.ArgumentEvidence: the argument the shim removes and shows only to us.
+    stamp: str = FAKE_STAMP
+
     def identify(self, meta: Mapping[str, Any] | None) -> Identity | None:
         if not meta:
             return None
-        session = meta.get(FAKE_SESSION_META)
+        return self._identity(meta.get(FAKE_SESSION_META), meta.get(FAKE_NAME_META))
+
+    def identify_stamped(self, meta: Mapping[str, Any] | None,
+                         stamp: object) -> Identity | None:
+        """A stamp, when there is one, is the only evidence asked: a malformed one is
+        refused, never passed over for ``_meta``."""
+        if stamp is None:
+            return self.identify(meta)
+        if not isinstance(stamp, Mapping):
+            return None
+        return self._identity(stamp.get("session"), stamp.get("name"))
+
+    def _identity(self, session: object, name: object) -> Identity | None:
         if not isinstance(session, str) or not session:
             return None
-        name = meta.get(FAKE_NAME_META)
         return Identity(self.name, session, self.cwd,
                         session_name=name if isinstance(name, str) else None)
 
@@ -142,9 +168,45 @@ class FakeIdentifier:
         return h
 
 
+@dataclass
+class LiveFakeIdentifier(FakeIdentifier):
+    """A fake whose sessions are live before any call (harness.base.LiveSessions): the JSON
+    list ``[{"session", "name"?}, ...]`` in ``live_file``. A missing or unreadable file is no
+    evidence (nothing is yielded); ``[]`` is evidence that no session is live."""
+
+    live_file: str = ""
+
+    async def live_sessions(self) -> AsyncIterator[Sequence[Identity]]:
+        last: list[Identity] | None = None
+        while True:
+            found = self._read_live()
+            if found is not None and found != last:
+                last = found
+                yield found
+            await asyncio.sleep(LIVE_POLL_SECONDS)
+
+    def _read_live(self) -> list[Identity] | None:
+        try:
+            with open(self.live_file, encoding="utf-8") as f:
+                rows = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:  # torn or bad: no evidence either way
+            log.warning("fake live sessions %s unreadable: %s", self.live_file, exc)
+            return None
+        if not isinstance(rows, list):
+            log.warning("fake live sessions %s: not a list", self.live_file)
+            return None
+        found = [self._identity(r.get("session"), r.get("name")) for r in rows
+                 if isinstance(r, dict)]
+        return [i for i in found if i is not None]
+
+
 def _identifier(ctx: ShimContext) -> Identifier | None:
     """Only with ``CROSSTALK_HARNESS=fake`` (tests, the demo): fake sessions named in
-    ``_meta``, whose injections go to ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``."""
+    ``_meta`` or the ``_fake`` argument, whose injections go to
+    ``$CROSSTALK_FAKE_INBOX/<session>.jsonl``; with ``CROSSTALK_FAKE_LIVE``, also sessions
+    live before any call."""
     if ctx.env.get("CROSSTALK_HARNESS", "") != "fake":
         return None
     inbox = ctx.env.get("CROSSTALK_FAKE_INBOX") or None
@@ -152,6 +214,9 @@ def _identifier(ctx: ShimContext) -> Identifier | None:
         from crosstalk.config import ensure_private_dir
 
         ensure_private_dir(Path(inbox))
+    live = ctx.env.get("CROSSTALK_FAKE_LIVE") or None
+    if live:
+        return LiveFakeIdentifier(cwd=ctx.cwd, inbox_dir=inbox, live_file=live)
     return FakeIdentifier(cwd=ctx.cwd, inbox_dir=inbox)
 
 

@@ -189,7 +189,8 @@ class Tools:
         try:
             if name not in TOOL_NAMES:  # only a direct caller: the MCP server refuses it first
                 raise ToolError("unknown_tool", f"tools: {', '.join(sorted(TOOL_NAMES))}")
-            found = await self.shim.identify(meta)
+            # Harness stamps (opencode's ``_opencode``) leave the arguments here, first.
+            found, args = await self.shim.identify_call(meta, args)
             if name == "list_agents":
                 extra = _str_keys(args)
                 if extra:

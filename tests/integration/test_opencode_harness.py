@@ -1,0 +1,259 @@
+"""The opencode harness against a fake opencode instance: a real HTTP server on a real unix
+socket, with a real instance record (``tests/support/fakes/opencode_instance.py``).
+
+Injection outcomes (accepted only on the event stream's evidence, queued with ``noReply``,
+unknown without evidence, unreachable with why), live sessions from the event stream,
+discovery statuses, and the stamp rules of the shim-side identifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from crosstalk.core.ids import new_message_id
+from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
+from crosstalk.core.states import MessageState
+from crosstalk.harness.base import Binding, Delivery, Identity, LoadedHarness
+from crosstalk.harness.opencode import (
+    HostedOpencodeIdentifier,
+    OpencodeDiscovery,
+    OpencodeHarness,
+    OpencodeIdentifier,
+    host_record,
+    inject_at,
+    parent_is_opencode,
+)
+from tests.support.fakes.opencode_instance import FakeOpencode
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.anyio
+
+ALICE = Sender(agent_id="a" * 16, name="alice", ingress=Ingress.A2A)
+SCRIPT = Sender(agent_id=None, ingress=Ingress.UDS)
+BINDING = Binding("opencode", "ses_x", None, "i")
+
+
+def delivery(text: str, *, sender: Sender = ALICE, kind: Kind = Kind.INFORM,
+             mode: DeliveryMode = DeliveryMode.IMMEDIATE) -> Delivery:
+    return Delivery(Message(message_id=new_message_id(), sender=sender, text=text, kind=kind,
+                            delivery=mode))
+
+
+@pytest.fixture
+async def fake(tmp_path: Path) -> AsyncIterator[FakeOpencode]:
+    folder = tempfile.mkdtemp(prefix="ct-oc-", dir="/tmp")
+    project = tmp_path / "project"
+    project.mkdir()
+    instance = await FakeOpencode(os.path.join(folder, "i.sock"), str(project),
+                                  str(tmp_path / "state")).start()
+    yield instance
+    await instance.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def env_of(fake: FakeOpencode) -> dict[str, str]:
+    return {"CROSSTALK_HOME": fake.state}
+
+
+# -- injection -------------------------------------------------------------------------------
+
+
+async def test_a_verified_immediate_message_is_accepted_on_evidence(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    d = delivery("hello opencode", kind=Kind.ASK)
+    out = await inject_at(fake.socket_path, sid, d)
+    assert out.state is MessageState.ACCEPTED, out
+    assert out.evidence is not None
+    assert out.evidence.startswith("stored msg_")
+    [prompt] = fake.prompts
+    assert "noReply" not in prompt.body
+    assert "tools" not in prompt.body  # it would rewrite the session's permissions
+    visible, hint = prompt.body["parts"]
+    assert "hello opencode" in visible["text"]
+    assert visible["metadata"] == {"crosstalk": {"msg_id": d.message.message_id,
+                                                 "from": "alice"}}
+    assert hint["synthetic"] is True
+    assert "crosstalk_reply" in hint["text"]
+    assert d.message.message_id in hint["text"]
+
+
+@pytest.mark.parametrize("d", [delivery("later", mode=DeliveryMode.NEXT_TURN),
+                               delivery("from a script", sender=SCRIPT)],
+                         ids=["next_turn", "unverified"])
+async def test_next_turn_and_unverified_are_stored_without_waking(fake: FakeOpencode,
+                                                                  d: Delivery) -> None:
+    sid = fake.add_session("work")
+    out = await inject_at(fake.socket_path, sid, d)
+    assert out.state is MessageState.QUEUED, out
+    assert fake.prompts[0].body["noReply"] is True
+    assert sid not in fake.busy
+
+
+async def test_a_204_without_evidence_is_unknown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.evidence = False
+    out = await inject_at(fake.socket_path, sid, delivery("lost?"), evidence_timeout=0.5)
+    assert out.state is MessageState.UNKNOWN
+    assert out.reason == "opencode_no_evidence"
+
+
+async def test_a_session_the_instance_lacks_is_unreachable(fake: FakeOpencode) -> None:
+    out = await inject_at(fake.socket_path, "ses_gone", delivery("hi"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_session_not_found"
+
+
+async def test_a_version_whose_routes_404_is_unreachable(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.routes_missing = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_route_missing"
+    assert fake.prompts == []
+
+
+async def test_an_instance_vanishing_mid_delivery_is_unknown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.vanish_on_prompt = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"), evidence_timeout=2)
+    assert out.state is MessageState.UNKNOWN  # it was sent: never taken for refused
+    assert out.reason == "opencode_no_answer"
+
+
+async def test_an_instance_gone_before_sending_is_unreachable(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    harness = OpencodeHarness(sid, lambda: host_record(env_of(fake), fake.pid, fake.directory))
+    ok = await harness.inject(BINDING, delivery("first"))
+    assert ok.state is MessageState.ACCEPTED
+    await fake.stop()
+    out = await harness.inject(BINDING, delivery("second"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_instance_gone:no_record"
+    direct = await inject_at(fake.socket_path, sid, delivery("third"))
+    assert direct.state is MessageState.UNREACHABLE
+    assert direct.reason == "opencode_unreachable"
+
+
+async def test_a_turn_aborted_before_an_answer_is_reported(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.abort_next = True
+    out = await inject_at(fake.socket_path, sid, delivery("stop me"))
+    assert out.state is MessageState.ACCEPTED
+    assert out.reason == "opencode_aborted_before_answer"
+
+
+async def test_reconcile_finds_the_stored_message(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    harness = OpencodeHarness(sid, lambda: host_record(env_of(fake), fake.pid, fake.directory))
+    fake.behaviour.evidence = True
+    d = delivery("find me")
+    await inject_at(fake.socket_path, sid, d)
+    found = await harness.reconcile(BINDING, d.message.message_id)
+    assert found is not None
+    assert found.state is MessageState.ACCEPTED
+    assert await harness.reconcile(BINDING, new_message_id()) is None
+
+
+# -- discovery -------------------------------------------------------------------------------
+
+
+async def test_discovery_lists_live_root_sessions_with_status(fake: FakeOpencode) -> None:
+    idle = fake.add_session("idle-one")
+    busy = fake.add_session("busy-one")
+    waiting = fake.add_session("waiting-one")
+    fake.add_session("sub (@general subagent)", parent=busy)
+    old = fake.add_session("stored-long-ago")
+    fake.sessions[old]["time"]["updated"] = 1000  # before this process published
+    fake.set_busy(busy, True)
+    fake.set_busy(waiting, True)
+    fake.ask_permission(waiting)
+    rows = {s.name: s for s in await OpencodeDiscovery(env_of(fake)).discover_async()}
+    assert set(rows) == {"idle-one", "busy-one", "waiting-one"}
+    assert rows["idle-one"].status == "idle"
+    assert rows["busy-one"].status == "busy"
+    assert rows["waiting-one"].status == "waiting"
+    assert rows["waiting-one"].detail == "bash"
+    assert rows["idle-one"].session_ref == idle
+    assert rows["idle-one"].pid == fake.pid
+    out = await OpencodeDiscovery(env_of(fake)).send_native(rows["idle-one"],
+                                                            delivery("native inform"))
+    assert out.state is MessageState.ACCEPTED
+    assert fake.texts(idle)[0].endswith("</peer-message>")
+
+
+async def test_a_socket_that_is_not_opencodes_lists_nothing(fake: FakeOpencode) -> None:
+    fake.add_session("work")
+    fake.behaviour.not_opencode = True
+    assert await OpencodeDiscovery(env_of(fake)).discover_async() == []
+
+
+# -- the shim side ---------------------------------------------------------------------------
+
+
+def test_the_parent_must_be_opencode() -> None:
+    assert parent_is_opencode({"OPENCODE": "1", "OPENCODE_PID": "42"}, 42)
+    assert not parent_is_opencode({"OPENCODE": "1", "OPENCODE_PID": "42"}, 43)
+    assert not parent_is_opencode({"OPENCODE_PID": "42"}, 42)
+    assert not parent_is_opencode({"OPENCODE": "1", "OPENCODE_PID": "1"}, 1)
+
+
+def test_stamps_bind_only_under_opencode() -> None:
+    stamp = {"sessionID": "ses_abc123", "callID": "call_1"}
+    outside = LoadedHarness.of(OpencodeIdentifier())
+    assert outside.arguments is not None
+    assert outside.live is None
+    assert outside.arguments.identify_stamped(None, stamp) is None
+    hosted = HostedOpencodeIdentifier(cwd="/p", ppid=42)
+    loaded = LoadedHarness.of(hosted)
+    assert loaded.live is not None
+    got = hosted.identify_stamped(None, stamp)
+    assert got == Identity("opencode", "ses_abc123", "/p", harness_pid=42)
+    for bad in (None, "ses_abc123", {"sessionID": "abc"}, {"sessionID": 7},
+                {"sessionID": "ses_" + "x" * 100}, {"sessionID": "ses_a/../b"}):
+        assert hosted.identify_stamped(None, bad) is None, bad
+    hosted.sessions.children["ses_child1"] = "ses_abc123"
+    sub = hosted.identify_stamped(None, {"sessionID": "ses_child1"})
+    assert sub is not None
+    assert sub.session_ref == "ses_abc123"  # a sub-agent's call is its root session's
+
+
+async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None:
+    stored = fake.add_session("stored before", emit=False)
+    busy = fake.add_session("busy at start", emit=False)
+    fake.busy.add(busy)
+    ident = HostedOpencodeIdentifier(env=env_of(fake), cwd=fake.directory, ppid=fake.pid)
+    sets: list[Sequence[Identity]] = []
+
+    async def follow() -> None:
+        async for found in ident.live_sessions():
+            sets.append(found)
+
+    def names() -> set[str | None]:
+        return {i.session_name for i in sets[-1]} if sets else {"<none yet>"}
+
+    task = asyncio.ensure_future(follow())
+    try:
+        await eventually(lambda: names() == {"busy at start"}, what="the busy session")
+        fresh = fake.add_session()  # a placeholder title: named by its slug
+        await eventually(lambda: len(names()) == 2, what="a created session")
+        assert fake.sessions[fresh]["slug"] in names()
+        fake.add_session("helper", parent=fresh)
+        fake.set_busy(stored, True)  # a stored session used here becomes live
+        await eventually(lambda: names() == {"busy at start", fake.sessions[fresh]["slug"],
+                                             "stored before"}, what="a used session")
+        fake.rename(fresh, "named now")
+        await eventually(lambda: "named now" in names(), what="a rename")
+        fake.delete(busy)
+        await eventually(lambda: "busy at start" not in names(), what="a deletion")
+        assert all(i.harness_pid == fake.pid for i in sets[-1])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
