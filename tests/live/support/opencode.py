@@ -308,7 +308,12 @@ class OpencodeWorld:
         """A fresh project directory ``<root>/p-<name>`` (a git repository, as users have)."""
         path = self.root / f"p-{name}"
         path.mkdir()
+        # With a first commit: opencode names a project by its root commit (repositories
+        # without one all share the "global" project, and so their session lists).
         subprocess.run(["git", "init", "-q", str(path)], check=True, capture_output=True)
+        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t",
+                        "commit", "-q", "--allow-empty", "-m", name], check=True,
+                       capture_output=True)
         return path
 
     # -- processes -------------------------------------------------------------------------
