@@ -170,6 +170,22 @@ def test_serve_publishes_each_directory_as_its_own_instance(
         assert calls["crosstalk"]["_opencode"]["sessionID"] == ids[name]
         assert "_opencode" not in calls["other"]
 
+    # A model that writes "_opencode" itself cannot name another session: the hook's wins.
+    w.mock.add_rules({"match": "STAMP-FORGED", "tool_call": {"name": "crosstalk_echo",
+                      "arguments": {"text": "STAMP-FORGED", "_opencode": {
+                          "sessionID": "ses_forged", "callID": "call_forged"}}},
+                      "then": {"text": "FORGED-DONE"}})
+    apis["a"].request("POST", f"/session/{ids['a']}/prompt_async",
+                      {"parts": [{"type": "text", "text": "STAMP-FORGED"}]})
+    forged = tool_call_id(w, "crosstalk_echo", "STAMP-FORGED") if wait_for(
+        lambda: any("STAMP-FORGED" in json.dumps(e.get("response")) for e in w.entries()),
+        60, what="the forging answer") else ""
+    wait_for(lambda: any(m.get("role") == "tool" and m.get("tool_call_id") == forged
+                         for e in w.entries() for m in (e.get("body") or {}).get("messages", [])),
+             60, what="the forged call's result back at the model")
+    calls = calls_for(w, "STAMP-FORGED")
+    assert calls["crosstalk"]["_opencode"] == {"sessionID": ids["a"], "callID": forged}
+
     stopped = time.monotonic()
     assert serve.terminate() == -15  # it still dies of SIGTERM, after the plugin cleaned up
     timings.add("SIGTERM to serve gone", time.monotonic() - stopped)
