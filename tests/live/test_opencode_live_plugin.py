@@ -337,5 +337,7 @@ def test_the_installed_entry_and_plugin_work_in_opencode_and_uninstall_restores_
     assert f"opencode {tui.pid} in {record['directory']}: reachable, 1 sessions stored, " \
         f"1 busy (opencode {VERSION})" in lines  # busy: other_echo waits for its user
 
-    tui.stop()
+    stopping = time.monotonic()
+    assert tui.stop() == []
+    timings.add("stop with a permission prompt open", time.monotonic() - stopping)
     assert edit.remove(edit.path.read_text()) == user

@@ -509,8 +509,13 @@ class OpencodeTui(_Process):
         self.tmux("send-keys", "-t", "oc", "Enter")
 
     def exit(self, timeout: float = 20.0) -> None:
-        """``/exit`` as a user types it; waits for the process to end."""
+        """``/exit`` as a user types it (after Escape, which dismisses a permission prompt:
+        typed text does not reach the input box while one is open); waits for the end."""
         self.children()
+        if "Permission required" in self.screen():
+            self.tmux("send-keys", "-t", "oc", "Escape")
+            wait_for(lambda: "Permission required" not in self.screen(), 10,
+                     what=f"{self.name}: the permission prompt dismissed")
         self.tmux("send-keys", "-t", "oc", "-l", "/exit")
         time.sleep(0.5)
         self.tmux("send-keys", "-t", "oc", "Enter")
