@@ -179,3 +179,54 @@ def codex_with_claude(request: pytest.FixtureRequest, world: World,
         yield cw
     finally:
         _codex_teardown(request, cw)
+
+
+# == opencode =================================================================================
+# The opencode half (tests/live/test_opencode_live_plugin.py): its own namespace
+# (``opencode_netns``), so running only these needs no Claude install; ``opencode_with_claude``
+# shares the Claude ``world``'s dirs and namespace and is torn down before it.
+
+from tests.live.support.opencode import VERSION as OPENCODE_VERSION  # noqa: E402
+from tests.live.support.opencode import OpencodeWorld, ensure_opencode  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def opencode_binary() -> Path:
+    return _installed("opencode", OPENCODE_VERSION, ensure_opencode)
+
+
+@pytest.fixture(scope="session")
+def opencode_netns(opencode_binary: Path) -> Iterator[Netns]:
+    yield from _namespace()
+
+
+def _opencode_teardown(request: pytest.FixtureRequest, ow: OpencodeWorld) -> None:
+    if request.node.stash.get(_FAILED, False):
+        print(ow.diagnostics())
+    ow.close()
+    if ow.leftovers:
+        pytest.fail("live teardown: opencode processes outlived their test:\n  "
+                    + "\n  ".join(ow.leftovers), pytrace=False)
+
+
+@pytest.fixture
+def opencode_world(request: pytest.FixtureRequest, opencode_netns: Netns,
+                   opencode_binary: Path) -> Iterator[OpencodeWorld]:
+    """One test's opencode processes: HOME and XDG dirs, CROSSTALK_HOME, the mock provider."""
+    ow = OpencodeWorld(opencode_netns, opencode_binary)
+    try:
+        yield ow
+    finally:
+        _opencode_teardown(request, ow)
+
+
+@pytest.fixture
+def opencode_with_claude(request: pytest.FixtureRequest, world: World,
+                         opencode_binary: Path) -> Iterator[OpencodeWorld]:
+    """opencode processes sharing the Claude ``world``'s HOME, CROSSTALK_HOME,
+    XDG_RUNTIME_DIR and namespace (stopped first; the world's leak check then covers both)."""
+    ow = OpencodeWorld(world.netns, opencode_binary, share=world)
+    try:
+        yield ow
+    finally:
+        _opencode_teardown(request, ow)

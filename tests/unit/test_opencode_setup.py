@@ -245,6 +245,21 @@ def test_an_unreadable_config_fails_install_and_writes_nothing(tmp_path: Path,
     assert not (directory / "plugin").exists()
 
 
+@pytest.mark.usefixtures("opencode_only")
+def test_a_config_that_is_not_utf8_fails_install_with_a_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = env_for(tmp_path)
+    directory = tmp_path / "home" / ".config" / "opencode"
+    directory.mkdir(parents=True)
+    (directory / "opencode.json").write_bytes(b'{"theme": "\xff"}')
+    assert installer_run(tmp_path, env) == 1
+    assert "is not UTF-8 (invalid start byte at byte 11)" in capsys.readouterr().err
+    assert (directory / "opencode.json").read_bytes() == b'{"theme": "\xff"}'
+    found = setup.doctor({**env, "CROSSTALK_HOME": str(tmp_path / "state")})
+    assert found[0].fix == f"repair {directory / 'opencode.json'} (UTF-8 JSONC), then " \
+        "crosstalk install"
+
+
 # -- doctor ------------------------------------------------------------------------------------
 
 

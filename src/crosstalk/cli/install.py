@@ -67,6 +67,9 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:  # not ours to repair: say so, write nothing
+        raise InstallError(f"cannot read {path}: it is not UTF-8 ({exc.reason} at byte "
+                           f"{exc.start})") from None
 
 
 def _digest(text: str | None) -> str | None:

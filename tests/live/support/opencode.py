@@ -308,7 +308,12 @@ class OpencodeWorld:
         """A fresh project directory ``<root>/p-<name>`` (a git repository, as users have)."""
         path = self.root / f"p-{name}"
         path.mkdir()
+        # With a first commit: opencode names a project by its root commit (repositories
+        # without one all share the "global" project, and so their session lists).
         subprocess.run(["git", "init", "-q", str(path)], check=True, capture_output=True)
+        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t",
+                        "commit", "-q", "--allow-empty", "-m", name], check=True,
+                       capture_output=True)
         return path
 
     # -- processes -------------------------------------------------------------------------
@@ -504,8 +509,13 @@ class OpencodeTui(_Process):
         self.tmux("send-keys", "-t", "oc", "Enter")
 
     def exit(self, timeout: float = 20.0) -> None:
-        """``/exit`` as a user types it; waits for the process to end."""
+        """``/exit`` as a user types it (after Escape, which dismisses a permission prompt:
+        typed text does not reach the input box while one is open); waits for the end."""
         self.children()
+        if "Permission required" in self.screen():
+            self.tmux("send-keys", "-t", "oc", "Escape")
+            wait_for(lambda: "Permission required" not in self.screen(), 10,
+                     what=f"{self.name}: the permission prompt dismissed")
         self.tmux("send-keys", "-t", "oc", "-l", "/exit")
         time.sleep(0.5)
         self.tmux("send-keys", "-t", "oc", "Enter")

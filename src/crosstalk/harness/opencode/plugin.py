@@ -2,7 +2,7 @@
 
 Install, doctor and the unreachable reasons come from ``.setup`` (the config edit and the
 plugin file), imported when a command needs them: a shim never edits a config. It is built
-beside this package; until it is there, install adds nothing for opencode and doctor says so.
+beside this package; until it is there, install and doctor have nothing to say for opencode.
 """
 
 from __future__ import annotations
@@ -53,10 +53,7 @@ def _install(env: Mapping[str, str]) -> Sequence[ConfigEdit | PlacedFile]:
 
 def _doctor(env: Mapping[str, str]) -> Sequence[Finding]:
     setup = _setup()
-    if setup is None:
-        return [Finding(False, "opencode: this CrossTalk has no opencode setup module",
-                        "reinstall CrossTalk")]
-    return cast(Sequence[Finding], setup.doctor(env))
+    return () if setup is None else cast(Sequence[Finding], setup.doctor(env))
 
 
 def _why_unreachable(session: Session) -> str | None:

@@ -246,7 +246,9 @@ def _installed(env: Mapping[str, str]) -> list[Finding]:
     path = config_file(env)
     config, why = _read_config(path)
     if why is not None:
-        return [Finding(False, f"opencode: {why}", "crosstalk install")]
+        fix = "crosstalk install" if config is None and not path.exists() else (
+            f"repair {path} (UTF-8 JSONC), then crosstalk install")
+        return [Finding(False, f"opencode: {why}", fix)]
     mcp = config.get("mcp") if isinstance(config, dict) else None
     ours = mcp.get(SERVER) if isinstance(mcp, dict) else None
     if not isinstance(ours, dict):
