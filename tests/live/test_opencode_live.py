@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
 from tests.live.conftest import Timings
 from tests.live.support.claude import LiveClaude, World, is_main, last_user_text, tool_results
+from tests.live.support.codex import CodexWorld, output_json, request_text
 from tests.live.support.mock_api import message_text
-from tests.live.support.opencode import OpencodeWorld
+from tests.live.support.opencode import OpencodeTui, OpencodeWorld
 from tests.live.support.opencode_steps import (
     answered_call,
     first_session,
@@ -27,7 +29,7 @@ from tests.live.support.opencode_steps import (
     wait_oc_request,
     with_crosstalk,
 )
-from tests.live.support.steps import unique
+from tests.live.support.steps import model_calls, unique
 
 pytestmark = pytest.mark.live
 
@@ -42,11 +44,11 @@ def claude_calls(world: World, session_id: str, tool: str, **arguments: object) 
     return trigger
 
 
-def claude_result(alpha: LiveClaude, after: int) -> dict[str, object]:
+def claude_result(alpha: LiveClaude, after: int) -> dict[str, Any]:
     """The JSON the last CrossTalk call of ``alpha`` answered (its tool_result)."""
     entry = alpha.wait_for_request(lambda e: bool(tool_results(e)), timeout=60, after=after)
     (block,) = tool_results(entry)
-    got: dict[str, object] = json.loads(message_text({"content": block.get("content")}))
+    got: dict[str, Any] = json.loads(message_text({"content": block.get("content")}))
     return got
 
 
@@ -174,3 +176,116 @@ def test_next_turn_into_opencode_does_not_wake_it_and_its_next_turn_carries_it(
     got = wait_oc_request(ow, sid, prompt, after=typed)
     assert text in json.dumps(got["body"]), "the next turn does not carry the message"
     assert str(result["message_id"]) in json.dumps(got["body"])
+
+
+def ready_pair(world: World, ow: OpencodeWorld) -> tuple[LiveClaude, dict[str, Any],
+                                                        OpencodeTui, str, dict[str, Any]]:
+    """A Claude session and an opencode TUI session, both agents, both idle."""
+    alpha = world.session("alpha").start()
+    tui = ow.tui("oc").start()
+    sid = first_session(ow, tui, unique("HELLO"))
+    oc = wait_oc_descriptor(world, sid)
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    wait_oc_idle(tui, sid)
+    return alpha, alpha.wait_descriptor(), tui, sid, oc
+
+
+#: The id of an ask in the envelope opencode's model gets (``render_peer``).
+OC_ASK_ID = r'message-id="([^"]+)" from="[^"]+" kind="ask"'
+#: ... and in the one Claude's model gets.
+CLAUDE_ASK_ID = r"message-id=(\S+) kind=ask"
+
+
+def test_ask_and_reply_between_opencode_and_claude_both_ways(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """Claude asks opencode, whose model answers with ``crosstalk_reply``: Claude's model gets
+    the answer in reply to its ask. Then opencode asks Claude, Claude's model replies, and
+    opencode's model gets the answer."""
+    ow = with_crosstalk(opencode_with_claude)
+    alpha, a_desc, tui, sid, oc = ready_pair(world, ow)
+
+    question, answer = unique("Q-FROM-CLAUDE"), unique("A-FROM-OPENCODE")
+    ow.mock.add_rules({"id": "oc-replies", "match": question, "session": sid,
+                       "capture": {"mid": OC_ASK_ID},
+                       "tool_call": {"name": "crosstalk_reply",
+                                     "arguments": {"message_id": "{{mid}}", "text": answer}},
+                       "then": {"text": "replied"}})
+    trigger = claude_calls(world, alpha.session_id, "ask", to=oc["name"], text=question)
+    after, sent = alpha.last_seq(), time.time()
+    alpha.send_keys(f"{trigger} ask oc")
+    asked = claude_result(alpha, after)
+    assert asked.get("state") == "accepted", asked
+    got = wait_oc_request(ow, sid, question, after=sent)
+    assert 'kind="ask"' in last_user_of(got)
+    assert "crosstalk_reply" in json.dumps(got["body"])  # the synthetic hint says how
+    _, replied, _ = answered_call(ow, "oc-replies")
+    assert replied.get("state") == "accepted", replied
+    at_a = alpha.wait_for_request(lambda e: is_main(e) and answer in last_user_text(e),
+                                  timeout=30)
+    timings.add("claude ask -> claude model gets opencode's reply", at_a["t"] - sent)
+    assert f"in-reply-to={asked['message_id']}" in last_user_text(at_a)
+
+    question2, answer2 = unique("Q-FROM-OPENCODE"), unique("A-FROM-CLAUDE")
+    world.mock.add_rules({"id": "cl-replies", "match": question2, "session": alpha.session_id,
+                          "capture": {"mid": CLAUDE_ASK_ID},
+                          "tool_use": {"name": "mcp__crosstalk__reply",
+                                       "input": {"message_id": "{{mid}}", "text": answer2}},
+                          "then": {"text": "replied"}})
+    go = unique("OCASK")
+    rule = oc_tool_call(ow, go, "ask", to=a_desc["name"], text=question2, session=sid)
+    typed = time.time()
+    tui.type(go)
+    _, oc_asked, _ = answered_call(ow, rule)
+    assert oc_asked.get("state") == "accepted", oc_asked
+    back = wait_oc_request(ow, sid, answer2, after=typed)
+    timings.add("opencode ask -> opencode model gets claude's reply", back["t"] - typed)
+    assert f'in-reply-to="{oc_asked["message_id"]}"' in last_user_of(back)
+
+
+def test_opencode_claude_and_codex_list_each_other_and_opencode_sends_to_codex(
+        world: World, codex_with_claude: CodexWorld, opencode_with_claude: OpencodeWorld,
+        timings: Timings) -> None:
+    """Codex's ``send_message`` to the opencode session by name wakes it; the opencode session
+    is listed ``crosstalk: true`` by Claude's and Codex's ``list_agents`` and lists both; its
+    ``send_message`` to the Codex thread by name wakes the thread with the text."""
+    cw, ow = codex_with_claude, with_crosstalk(opencode_with_claude)
+    alpha, a_desc, tui, sid, oc = ready_pair(world, ow)
+    cx = cw.thread("cx")
+    hello = unique("CODEX-TO-OPENCODE")
+    asked, output, _ = model_calls(cw, cx, "send_message", to=oc["name"], text=hello)
+    assert output_json(output).get("state") == "accepted", output
+    cx_desc = cx.wait_descriptor()  # the call registered the thread
+    got = wait_oc_request(ow, sid, hello, after=float(asked["t"]))
+    timings.add("codex function_call -> opencode model request", got["t"] - asked["t"])
+    assert cx_desc["name"] in last_user_of(got)
+    wait_oc_idle(tui, sid)
+    _, listed_cx, _ = model_calls(cw, cx, "list_agents")
+    by_name = {a["name"]: a for a in output_json(listed_cx)["agents"]}
+    assert by_name[oc["name"]]["crosstalk"] is True, by_name[oc["name"]]
+    assert by_name[oc["name"]]["harness"] == "opencode"
+
+    trigger = claude_calls(world, alpha.session_id, "list_agents")
+    after = alpha.last_seq()
+    alpha.send_keys(f"{trigger} list")
+    listed_a = {a["name"]: a for a in claude_result(alpha, after)["agents"]}
+    assert listed_a[oc["name"]]["crosstalk"] is True, listed_a[oc["name"]]
+
+    go = unique("OCLIST")
+    rule = oc_tool_call(ow, go, "list_agents", session=sid)
+    tui.type(go)
+    _, listed_oc, _ = answered_call(ow, rule)
+    names = {a["name"]: a for a in listed_oc["agents"]}
+    assert names[a_desc["name"]]["crosstalk"] is True
+    assert names[cx_desc["name"]]["crosstalk"] is True
+
+    text, go = unique("OPENCODE-TO-CODEX"), unique("OCSEND")
+    rule = oc_tool_call(ow, go, "send_message", to=cx_desc["name"], text=text, session=sid)
+    tui.type(go)
+    asked, sent, _ = answered_call(ow, rule)
+    assert sent.get("state") == "accepted", sent
+    got = cx.wait_for_request(lambda e: e.get("kind") == "main" and text in request_text(e),
+                              timeout=30)
+    timings.add("opencode tool call -> codex model request", got["t"] - asked["t"])
+    assert oc["name"] in request_text(got)
