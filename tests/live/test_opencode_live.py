@@ -8,21 +8,36 @@ each model received (the mocks' request logs).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.live.conftest import Timings
-from tests.live.support.claude import LiveClaude, World, is_main, last_user_text, tool_results
+from tests.live.support.claude import (
+    LiveClaude,
+    World,
+    is_main,
+    last_user_text,
+    tool_results,
+    wait_for,
+)
 from tests.live.support.codex import CodexWorld, output_json, request_text
+from tests.live.support.extras import ENVELOPE
 from tests.live.support.mock_api import message_text
-from tests.live.support.opencode import OpencodeTui, OpencodeWorld
+from tests.live.support.opencode import OpencodeTui, OpencodeWorld, UnixHttp
 from tests.live.support.opencode_steps import (
     answered_call,
     first_session,
     last_user_of,
+    oc_descriptor,
+    oc_descriptors,
     oc_tool_call,
     wait_oc_descriptor,
     wait_oc_idle,
@@ -289,3 +304,108 @@ def test_opencode_claude_and_codex_list_each_other_and_opencode_sends_to_codex(
                               timeout=30)
     timings.add("opencode tool call -> codex model request", got["t"] - asked["t"])
     assert oc["name"] in request_text(got)
+
+
+def prompt(api: UnixHttp, session_id: str, text: str) -> None:
+    """A user turn of ``session_id`` through opencode's own API (as ``opencode attach`` or a
+    web client would start one)."""
+    status, body = api.request("POST", f"/session/{session_id}/prompt_async",
+                               {"parts": [{"type": "text", "text": text}]})
+    assert status == 204, (status, body)
+
+
+def test_two_sessions_of_one_serve_are_bound_each_by_its_own_id(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """One ``opencode serve``, one shim, two sessions: each is its own agent, and each one's
+    ``send_message`` reaches Claude under its own name. A shim that opencode did not start,
+    with opencode's environment and a stamp naming one of those sessions, binds nothing."""
+    ow = with_crosstalk(opencode_with_claude)
+    alpha = world.session("alpha").start()
+    srv = ow.serve("srv").start()
+    api = srv.api()
+    sids = []
+    for title in ("first", "second"):
+        status, made = api.request("POST", "/session", {"title": unique(title)})
+        assert status == 200, (status, made)
+        sids.append(made["id"])
+    t0 = time.monotonic()
+    for sid in sids:
+        prompt(api, sid, unique("HELLO"))  # starts the instance's MCP server too
+    descs = [wait_oc_descriptor(world, sid, timeout=60) for sid in sids]
+    timings.add("two serve sessions -> agents", time.monotonic() - t0)
+    assert len({d["pid"] for d in descs}) == 1  # one shim serves both
+    assert len({d["name"] for d in descs}) == 2
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    a_desc = alpha.wait_descriptor()
+    for sid in sids:
+        wait_for(lambda sid=sid: sid not in (api.get("/session/status") or {}), 60,
+                 what=f"{sid} idle")
+
+    texts = {}
+    for sid in sids:
+        texts[sid] = unique("FROM-SERVE")
+        go = unique("SRVGO")
+        oc_tool_call(ow, go, "send_message", to=a_desc["name"], text=texts[sid], session=sid)
+        prompt(api, sid, go)
+    for sid, desc in zip(sids, descs, strict=True):
+        entry = alpha.wait_for_request(
+            lambda e, sid=sid: is_main(e) and texts[sid] in last_user_text(e), timeout=60)
+        envelope = [m for m in ENVELOPE.finditer(last_user_text(entry))
+                    if texts[sid] in m["body"]]
+        assert envelope, last_user_text(entry)[:800]
+        assert envelope[0]["name"] == desc["name"]
+
+    # The forged stamp: opencode's environment, the instance's directory, the pid of the
+    # opencode that hosts the sessions -- but the shim's parent is this test.
+    forged = asyncio.run(forged_call(world, srv.pid or 0, Path(descs[0]["cwd"]), sids[0],
+                                     a_desc["name"]))
+    assert forged.get("error") == "unbound", forged
+    assert len(oc_descriptors(world)) == 2
+
+
+async def forged_call(world: World, opencode_pid: int, cwd: Path, session_id: str,
+                      to: str) -> dict[str, Any]:
+    env = {**world.env, "OPENCODE": "1", "OPENCODE_PID": str(opencode_pid),
+           "CROSSTALK_HARNESS": "opencode"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "crosstalk", "mcp"],
+                                   env=env, cwd=str(cwd))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        got = await session.call_tool("send_message", {
+            "to": to, "text": unique("FORGED"),
+            "_opencode": {"sessionID": session_id, "callID": "call_forged"}})
+    text = got.content[0].text  # type: ignore[union-attr]
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def test_exit_removes_the_agent_and_kill_9_leaves_nothing_listed_live(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """``/exit`` of a TUI removes its plugin record and its sessions' descriptors; after a
+    ``kill -9`` of another, ``crosstalk agents`` lists none of its sessions live."""
+    ow = with_crosstalk(opencode_with_claude)
+    one, two = ow.tui("one").start(), ow.tui("two").start()
+    sid1 = first_session(ow, one, unique("HELLO"))
+    sid2 = first_session(ow, two, unique("HELLO"))
+    d1, d2 = wait_oc_descriptor(world, sid1), wait_oc_descriptor(world, sid2)
+
+    t0 = time.monotonic()
+    one.exit()
+    wait_for(lambda: oc_descriptor(world, sid1) is None, 30, what="the descriptor removed")
+    timings.add("/exit -> descriptor gone", time.monotonic() - t0)
+    assert ow.record_for(one.pid or 0) is None
+    assert not Path(d1["uds_path"]).exists()
+
+    two.kill9()
+    t1 = time.monotonic()
+
+    def listed_live() -> list[dict[str, Any]]:
+        done = world.crosstalk("agents", "--json")
+        assert done.returncode == 0, done.stderr
+        ids = (d1["agent_id"], d2["agent_id"])
+        return [a for a in json.loads(done.stdout) if a["agent_id"] in ids and a["reachable"]]
+    wait_for(lambda: listed_live() == [], 30, what="no live listing of the killed sessions")
+    timings.add("kill -9 -> not listed live", time.monotonic() - t1)
+    assert ow.record_for(two.pid or 0) is not None  # left stale by the kill: ignored
