@@ -409,3 +409,48 @@ def test_exit_removes_the_agent_and_kill_9_leaves_nothing_listed_live(
     wait_for(lambda: listed_live() == [], 30, what="no live listing of the killed sessions")
     timings.add("kill -9 -> not listed live", time.monotonic() - t1)
     assert ow.record_for(two.pid or 0) is not None  # left stale by the kill: ignored
+
+
+def test_crosstalk_install_registers_tui_sessions_and_uninstall_restores_the_config(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """``crosstalk install`` (the CLI, as a user runs it) writes the MCP entry into the user's
+    opencode config and places the plugin: a TUI started after it has its session registered
+    before any tool call, listed ``crosstalk: true`` by Claude. ``crosstalk uninstall`` then
+    leaves the user's opencode config byte for byte as it was, and removes the plugin."""
+    ow = opencode_with_claude
+    ow.write_config(servers=())  # the user's own config: the provider, no CrossTalk
+    config = ow.config_dir / "opencode.json"
+    plugin = ow.config_dir / "plugin" / "crosstalk.js"
+    plugin.unlink()  # the rig's copy: install must place its own
+    before = config.read_bytes()
+    alpha = world.session("alpha").start()  # before install: its --mcp-config only
+
+    t0 = time.monotonic()
+    done = world.crosstalk("install")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    timings.add("crosstalk install", time.monotonic() - t0)
+    entry = json.loads(config.read_text())["mcp"]["crosstalk"]
+    assert entry["type"] == "local"
+    assert entry["command"][-1] == "mcp"
+    assert entry["environment"] == {"CROSSTALK_HARNESS": "opencode"}
+    assert plugin.is_file()
+
+    tui = ow.tui("oc").start()
+    sid = first_session(ow, tui, unique("HELLO"))
+    oc = wait_oc_descriptor(world, sid)
+    assert not [c for c in ow.mcp_calls() if c.get("server") == "crosstalk"]  # no tool call
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    trigger = claude_calls(world, alpha.session_id, "list_agents")
+    after = alpha.last_seq()
+    alpha.send_keys(f"{trigger} list")
+    listed = {a["name"]: a for a in claude_result(alpha, after)["agents"]}
+    assert listed[oc["name"]]["crosstalk"] is True, listed[oc["name"]]
+    assert listed[oc["name"]]["harness"] == "opencode"
+
+    tui.exit()
+    done = world.crosstalk("uninstall")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert config.read_bytes() == before
+    assert not plugin.exists()
