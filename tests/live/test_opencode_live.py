@@ -454,3 +454,38 @@ def test_crosstalk_install_registers_tui_sessions_and_uninstall_restores_the_con
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert config.read_bytes() == before
     assert not plugin.exists()
+
+
+def test_an_opencode_without_crosstalks_entry_is_listed_and_gets_informs_natively(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """A TUI that has the plugin but not CrossTalk's MCP entry: its session is listed
+    ``crosstalk: false`` by Claude, and Claude's ``send_message`` to it by name is put in by
+    Claude's own shim (through the plugin's socket): its model gets the envelope."""
+    ow = opencode_with_claude
+    ow.write_config(servers=())  # the plugin, no MCP entry
+    alpha = world.session("alpha").start()
+    tui = ow.tui("bare").start()
+    sid = first_session(ow, tui, unique("HELLO"))
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    wait_oc_idle(tui, sid)
+
+    trigger = claude_calls(world, alpha.session_id, "list_agents")
+    after = alpha.last_seq()
+    alpha.send_keys(f"{trigger} list")
+    rows = [a for a in claude_result(alpha, after)["agents"] if a["harness"] == "opencode"]
+    assert len(rows) == 1, rows
+    (row,) = rows
+    assert row["crosstalk"] is False, row
+    assert oc_descriptors(world) == []
+
+    text = unique("INFORM-TO-BARE")
+    trigger = claude_calls(world, alpha.session_id, "send_message", to=row["name"], text=text)
+    after, sent = alpha.last_seq(), time.time()
+    alpha.send_keys(f"{trigger} tell it")
+    result = claude_result(alpha, after)
+    assert result.get("state") == "accepted", result
+    got = wait_oc_request(ow, sid, text, after=sent)
+    timings.add("claude send -> opencode (no CrossTalk) model request", got["t"] - sent)
+    assert alpha.wait_descriptor()["name"] in last_user_of(got)
