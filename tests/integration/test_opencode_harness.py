@@ -226,8 +226,11 @@ def test_stamps_bind_only_under_opencode() -> None:
 
 async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None:
     stored = fake.add_session("stored before", emit=False)
+    fake.sessions[stored]["time"]["updated"] = 1000  # before this process published
     busy = fake.add_session("busy at start", emit=False)
+    fake.sessions[busy]["time"]["updated"] = 1000
     fake.busy.add(busy)
+    used = fake.add_session("used before the shim", emit=False)  # updated after publishing
     ident = HostedOpencodeIdentifier(env=env_of(fake), cwd=fake.directory, ppid=fake.pid)
     sets: list[Sequence[Identity]] = []
 
@@ -240,19 +243,22 @@ async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None
 
     task = asyncio.ensure_future(follow())
     try:
-        await eventually(lambda: names() == {"busy at start"}, what="the busy session")
+        await eventually(lambda: names() == {"busy at start", "used before the shim"},
+                         what="the busy session and the one used since the record")
         fresh = fake.add_session()  # a placeholder title: named by its slug
-        await eventually(lambda: len(names()) == 2, what="a created session")
+        await eventually(lambda: len(names()) == 3, what="a created session")
         assert fake.sessions[fresh]["slug"] in names()
         fake.add_session("helper", parent=fresh)
         fake.set_busy(stored, True)  # a stored session used here becomes live
         await eventually(lambda: names() == {"busy at start", fake.sessions[fresh]["slug"],
-                                             "stored before"}, what="a used session")
+                                             "stored before", "used before the shim"},
+                         what="a used session")
         fake.rename(fresh, "named now")
         await eventually(lambda: "named now" in names(), what="a rename")
         fake.delete(busy)
         await eventually(lambda: "busy at start" not in names(), what="a deletion")
         assert all(i.harness_pid == fake.pid for i in sets[-1])
+        assert used in {i.session_ref for i in sets[-1]}
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
