@@ -43,8 +43,10 @@ HARNESS: Final = "opencode"
 #: How long the stream may take to show the stored message after the 204 (opencode stores it
 #: in a forked fiber at once; seconds mean something is wrong).
 EVIDENCE_TIMEOUT: Final = 5.0
-#: After the message is stored, how long to watch for an abort before any answer.
-ANSWER_GRACE: Final = 1.5
+#: After a waking message is stored, how long to watch for an abort before any answer. The
+#: sender waits this long when the session is busy (its answer comes at the loop's next step),
+#: so it is short: an abort later than this is not reported (the message stays stored).
+ANSWER_GRACE: Final = 0.5
 
 
 def render(delivery: Delivery) -> str:
@@ -145,8 +147,10 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
             return Outcome(MessageState.UNREACHABLE, "opencode_no_event_stream")
         if first.get("type") != "server.connected":
             return Outcome(MessageState.UNREACHABLE, "opencode_no_event_stream")
+        # A noReply message starts no turn: there is nothing to watch after it is stored.
+        grace = answer_grace if delivery.wake else 0.0
         watcher = asyncio.ensure_future(
-            _watch(events, session_id, message_id, evidence_timeout, answer_grace))
+            _watch(events, session_id, message_id, evidence_timeout, grace))
         try:
             try:
                 status, _ = await api.post(f"/session/{session_id}/prompt_async",
@@ -190,6 +194,8 @@ async def _watch(events: AsyncIterator[dict[str, Any]], session_id: str, message
             if stored is None:
                 stored = _stored_in(event, session_id, message_id)
                 if stored is not None:
+                    if answer_grace <= 0:
+                        return stored, None
                     deadline = loop.time() + answer_grace
                 continue
             end = _turn_end(event, session_id, stored)
