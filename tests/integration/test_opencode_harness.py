@@ -263,3 +263,19 @@ async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_password_is_used_and_never_shown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.password = "s3cret-pw"
+    out = await inject_at(fake.socket_path, sid, delivery("no password"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_auth_required"
+    env = {**env_of(fake), "OPENCODE_SERVER_PASSWORD": "s3cret-pw"}
+    ok = await inject_at(fake.socket_path, sid, delivery("with password"), env=env)
+    assert ok.state is MessageState.ACCEPTED
+    wrong = {**env_of(fake), "OPENCODE_SERVER_PASSWORD": "wrong-pw"}
+    rows = await OpencodeDiscovery(wrong).discover_async()
+    assert rows == []
+    for outcome in (out, ok):
+        assert "s3cret" not in f"{outcome}"

@@ -25,6 +25,7 @@ child on its own stdin/stdout with ``OPENCODE_PID`` and ``OPENCODE=1`` set, as o
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -55,6 +56,8 @@ class Behaviour:
     vanish_on_prompt: bool = False
     #: Health answers as something else (a socket that is not opencode's).
     not_opencode: bool = False
+    #: As ``OPENCODE_SERVER_PASSWORD``: every route wants Basic ``opencode:<password>``.
+    password: str | None = None
 
 
 @dataclass
@@ -218,6 +221,11 @@ class FakeOpencode:
             raw = await reader.readexactly(length) if length else b""
             url = urlsplit(target)
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            if self.behaviour.password is not None:
+                want = base64.b64encode(f"opencode:{self.behaviour.password}".encode())
+                if headers.get("authorization", "") != "Basic " + want.decode():
+                    await _answer(writer, 401, "Unauthorized")
+                    return
             if url.path == "/event" and not self.behaviour.routes_missing:
                 await self._stream(writer)
                 return

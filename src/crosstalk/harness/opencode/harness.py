@@ -140,9 +140,10 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
             first = await asyncio.wait_for(anext(events), evidence_timeout)
         except NotSent as exc:
             return Outcome(MessageState.UNREACHABLE, exc.reason)
-        except HTTPStatus as exc:
+        except HTTPStatus as exc:  # nothing was sent: even a 5xx here is a refusal
+            refused = _refusal(exc)
             return Outcome(MessageState.UNREACHABLE, "opencode_route_missing"
-                           if exc.status == 404 else f"opencode_refused:{exc.status}")
+                           if exc.status == 404 else refused.reason)
         except (NoAnswer, TimeoutError, StopAsyncIteration):
             return Outcome(MessageState.UNREACHABLE, "opencode_no_event_stream")
         if first.get("type") != "server.connected":
