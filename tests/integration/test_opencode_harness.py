@@ -127,6 +127,22 @@ async def test_an_instance_vanishing_mid_delivery_is_unknown(fake: FakeOpencode)
     assert out.reason == "opencode_no_answer"
 
 
+async def test_an_instance_gone_after_the_204_is_unknown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.vanish_after_prompt = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"))
+    assert out.state is MessageState.UNKNOWN
+    assert out.reason == "opencode_instance_gone"
+
+
+async def test_a_version_without_prompt_async_is_unreachable(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.prompt_route_missing = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_route_missing"
+
+
 async def test_an_instance_gone_before_sending_is_unreachable(fake: FakeOpencode) -> None:
     sid = fake.add_session("work")
     harness = OpencodeHarness(sid, lambda: host_record(env_of(fake), fake.pid, fake.directory))

@@ -54,6 +54,10 @@ class Behaviour:
     routes_missing: bool = False
     abort_next: bool = False
     vanish_on_prompt: bool = False
+    #: Answer 204, then go away before storing it (disposed: the streams end).
+    vanish_after_prompt: bool = False
+    #: ``prompt_async`` is not a route (another version), the other routes are.
+    prompt_route_missing: bool = False
     #: Health answers as something else (a socket that is not opencode's).
     not_opencode: bool = False
     #: As ``OPENCODE_SERVER_PASSWORD``: every route wants Basic ``opencode:<password>``.
@@ -286,6 +290,8 @@ class FakeOpencode:
         return 404, "404 Not Found"
 
     def _prompt(self, sid: str, raw: bytes) -> tuple[int | None, Any]:
+        if self.behaviour.prompt_route_missing:
+            return 404, "404 Not Found"
         body = json.loads(raw or b"{}")
         if not isinstance(body, dict) or not isinstance(body.get("parts"), list):
             return 400, {"name": "BadRequest"}
@@ -297,6 +303,10 @@ class FakeOpencode:
             task = asyncio.get_running_loop().create_task(self.stop())
             self._tasks.add(task)
             return None, None
+        if self.behaviour.vanish_after_prompt:
+            task = asyncio.get_running_loop().create_task(self.stop())
+            self._tasks.add(task)
+            return 204, None
         task = asyncio.get_running_loop().create_task(self._store(sid, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
