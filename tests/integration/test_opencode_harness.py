@@ -127,6 +127,22 @@ async def test_an_instance_vanishing_mid_delivery_is_unknown(fake: FakeOpencode)
     assert out.reason == "opencode_no_answer"
 
 
+async def test_an_instance_gone_after_the_204_is_unknown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.vanish_after_prompt = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"))
+    assert out.state is MessageState.UNKNOWN
+    assert out.reason == "opencode_instance_gone"
+
+
+async def test_a_version_without_prompt_async_is_unreachable(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.prompt_route_missing = True
+    out = await inject_at(fake.socket_path, sid, delivery("hi"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_route_missing"
+
+
 async def test_an_instance_gone_before_sending_is_unreachable(fake: FakeOpencode) -> None:
     sid = fake.add_session("work")
     harness = OpencodeHarness(sid, lambda: host_record(env_of(fake), fake.pid, fake.directory))
@@ -226,8 +242,11 @@ def test_stamps_bind_only_under_opencode() -> None:
 
 async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None:
     stored = fake.add_session("stored before", emit=False)
+    fake.sessions[stored]["time"]["updated"] = 1000  # before this process published
     busy = fake.add_session("busy at start", emit=False)
+    fake.sessions[busy]["time"]["updated"] = 1000
     fake.busy.add(busy)
+    used = fake.add_session("used before the shim", emit=False)  # updated after publishing
     ident = HostedOpencodeIdentifier(env=env_of(fake), cwd=fake.directory, ppid=fake.pid)
     sets: list[Sequence[Identity]] = []
 
@@ -240,20 +259,39 @@ async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None
 
     task = asyncio.ensure_future(follow())
     try:
-        await eventually(lambda: names() == {"busy at start"}, what="the busy session")
+        await eventually(lambda: names() == {"busy at start", "used before the shim"},
+                         what="the busy session and the one used since the record")
         fresh = fake.add_session()  # a placeholder title: named by its slug
-        await eventually(lambda: len(names()) == 2, what="a created session")
+        await eventually(lambda: len(names()) == 3, what="a created session")
         assert fake.sessions[fresh]["slug"] in names()
         fake.add_session("helper", parent=fresh)
         fake.set_busy(stored, True)  # a stored session used here becomes live
         await eventually(lambda: names() == {"busy at start", fake.sessions[fresh]["slug"],
-                                             "stored before"}, what="a used session")
+                                             "stored before", "used before the shim"},
+                         what="a used session")
         fake.rename(fresh, "named now")
         await eventually(lambda: "named now" in names(), what="a rename")
         fake.delete(busy)
         await eventually(lambda: "busy at start" not in names(), what="a deletion")
         assert all(i.harness_pid == fake.pid for i in sets[-1])
+        assert used in {i.session_ref for i in sets[-1]}
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_password_is_used_and_never_shown(fake: FakeOpencode) -> None:
+    sid = fake.add_session("work")
+    fake.behaviour.password = "s3cret-pw"
+    out = await inject_at(fake.socket_path, sid, delivery("no password"))
+    assert out.state is MessageState.UNREACHABLE
+    assert out.reason == "opencode_auth_required"
+    env = {**env_of(fake), "OPENCODE_SERVER_PASSWORD": "s3cret-pw"}
+    ok = await inject_at(fake.socket_path, sid, delivery("with password"), env=env)
+    assert ok.state is MessageState.ACCEPTED
+    wrong = {**env_of(fake), "OPENCODE_SERVER_PASSWORD": "wrong-pw"}
+    rows = await OpencodeDiscovery(wrong).discover_async()
+    assert rows == []
+    for outcome in (out, ok):
+        assert "s3cret" not in f"{outcome}"

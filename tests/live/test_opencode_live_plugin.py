@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import pytest
 
 from crosstalk.proc import process_matches, process_start_time
 from tests.live.conftest import Timings
@@ -44,7 +47,7 @@ def check_record(w: OpencodeWorld, record: dict[str, Any], pid: int, directory: 
         "format": FORMAT, "version": 1, "pid": pid, "process_start": process_start_time(pid),
         "directory": str(directory.resolve()), "socket": str(w.records_dir / f"{name}.sock"),
         "opencode_version": VERSION}
-    assert isinstance(record["written_at"], float)
+    assert isinstance(record["written_at"], int | float)  # JSON: 1.5e9 may print as an int
     assert abs(record["written_at"] - time.time()) < 600
     assert set(record) == {"format", "version", "pid", "process_start", "directory", "socket",
                            "opencode_version", "written_at", "_path"}
@@ -341,3 +344,17 @@ def test_the_installed_entry_and_plugin_work_in_opencode_and_uninstall_restores_
     assert tui.stop() == []
     timings.add("stop with a permission prompt open", time.monotonic() - stopping)
     assert edit.remove(edit.path.read_text()) == user
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_tui_told_to_stop_by_a_signal_cleans_up(opencode_world: OpencodeWorld,
+                                                 sig: signal.Signals) -> None:
+    """SIGTERM (a service manager, `kill`) and SIGHUP (its terminal closed) end the TUI, and
+    the plugin's files go with it (exit handlers alone would not run on a signal)."""
+    w = opencode_world
+    tui = w.tui(f"sig{int(sig)}").start()
+    record = tui.wait_record()
+    os.kill(tui.pid or 0, sig)
+    wait_for(lambda: not alive(tui.pid or 0), 20, what=f"the TUI gone after {sig.name}")
+    assert not Path(record["_path"]).exists()
+    assert not os.path.lexists(record["socket"])

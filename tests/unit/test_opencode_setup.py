@@ -119,6 +119,13 @@ def test_a_fresh_config_is_what_opencode_would_write_plus_our_entry() -> None:
     assert with_("  \n") == with_(None)
 
 
+def test_a_crlf_file_stays_crlf() -> None:
+    text = '{\r\n  "theme": "dark",\r\n  "permission": "deny"\r\n}\r\n'
+    added = with_(text)
+    assert "\n" not in added.replace("\r\n", "")
+    assert setup.opencode_without(added) == text
+
+
 def test_the_users_rule_on_our_tools_is_kept() -> None:
     text = '{\n  "permission": {"*": "ask", "crosstalk_send_message": "deny"}\n}\n'
     after = jsonc.parse(with_(text)).value
@@ -399,13 +406,18 @@ def test_doctor_names_a_running_opencode_that_publishes_nothing(tmp_path: Path) 
     fake = tmp_path / "opencode"  # real processes whose executable is called opencode
     shutil.copy(shutil.which("tail") or "/usr/bin/tail", fake)
     # `tail -F <name>` waits for a file of that name: argv[1:] is what an opencode would get
-    proc = subprocess.Popen([str(fake), "-F", str(tmp_path / "tui")], stderr=subprocess.DEVNULL)
+    child_env = {**env, "CROSSTALK_HOME": str(tmp_path / "state")}
+    proc = subprocess.Popen([str(fake), "-F", str(tmp_path / "tui")], stderr=subprocess.DEVNULL,
+                            env=child_env)
     one_shot = subprocess.Popen([str(fake), "-F", "session"], cwd=tmp_path,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, env=child_env)
+    elsewhere = subprocess.Popen([str(fake), "-F", str(tmp_path / "tui2")],
+                                 stderr=subprocess.DEVNULL,
+                                 env={**env, "CROSSTALK_HOME": str(tmp_path / "other")})
     try:
         found = setup.doctor(env)
     finally:
-        for p in (proc, one_shot):
+        for p in (proc, one_shot, elsewhere):
             p.kill()
             p.wait()
     lines = [f for f in found if str(proc.pid) in f.what]
@@ -414,6 +426,7 @@ def test_doctor_names_a_running_opencode_that_publishes_nothing(tmp_path: Path) 
     assert "publishes no CrossTalk instance" in lines[0].what
     assert lines[0].fix == f"restart that opencode (pid {proc.pid})"
     assert not any(str(one_shot.pid) in f.what for f in found)
+    assert not any(str(elsewhere.pid) in f.what for f in found)  # another CrossTalk setup
 
 
 def test_why_unreachable_says_why() -> None:

@@ -25,6 +25,7 @@ child on its own stdin/stdout with ``OPENCODE_PID`` and ``OPENCODE=1`` set, as o
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -53,8 +54,14 @@ class Behaviour:
     routes_missing: bool = False
     abort_next: bool = False
     vanish_on_prompt: bool = False
+    #: Answer 204, then go away before storing it (disposed: the streams end).
+    vanish_after_prompt: bool = False
+    #: ``prompt_async`` is not a route (another version), the other routes are.
+    prompt_route_missing: bool = False
     #: Health answers as something else (a socket that is not opencode's).
     not_opencode: bool = False
+    #: As ``OPENCODE_SERVER_PASSWORD``: every route wants Basic ``opencode:<password>``.
+    password: str | None = None
 
 
 @dataclass
@@ -218,6 +225,11 @@ class FakeOpencode:
             raw = await reader.readexactly(length) if length else b""
             url = urlsplit(target)
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            if self.behaviour.password is not None:
+                want = base64.b64encode(f"opencode:{self.behaviour.password}".encode())
+                if headers.get("authorization", "") != "Basic " + want.decode():
+                    await _answer(writer, 401, "Unauthorized")
+                    return
             if url.path == "/event" and not self.behaviour.routes_missing:
                 await self._stream(writer)
                 return
@@ -278,6 +290,8 @@ class FakeOpencode:
         return 404, "404 Not Found"
 
     def _prompt(self, sid: str, raw: bytes) -> tuple[int | None, Any]:
+        if self.behaviour.prompt_route_missing:
+            return 404, "404 Not Found"
         body = json.loads(raw or b"{}")
         if not isinstance(body, dict) or not isinstance(body.get("parts"), list):
             return 400, {"name": "BadRequest"}
@@ -289,6 +303,10 @@ class FakeOpencode:
             task = asyncio.get_running_loop().create_task(self.stop())
             self._tasks.add(task)
             return None, None
+        if self.behaviour.vanish_after_prompt:
+            task = asyncio.get_running_loop().create_task(self.stop())
+            self._tasks.add(task)
+            return 204, None
         task = asyncio.get_running_loop().create_task(self._store(sid, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

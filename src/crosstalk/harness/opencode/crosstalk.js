@@ -187,15 +187,19 @@ export const CrossTalk = async ({ client, directory }) => {
   const pid = process.pid
   const log = (msg, err) => {
     try {
-      client?.app?.log?.({ body: { service: "crosstalk", level: "warn",
-                                   message: err ? `${msg}: ${err?.message ?? err}` : msg } })
+      Promise.resolve(client?.app?.log?.({ body: {
+        service: "crosstalk", level: "warn",
+        message: err ? `${msg}: ${err?.message ?? err}` : msg } })).catch(() => {})
     } catch {}
   }
   let server = null
+  // The files we made, by inode: a successor instance of the same directory in this process
+  // reuses the names, and our cleanup must not take its files.
   const files = []
+  const made = (f) => files.push({ path: f, ino: fs.lstatSync(f).ino })
   const remove = () => {
-    for (const f of files.splice(0)) {
-      try { fs.unlinkSync(f) } catch {}
+    for (const { path: f, ino } of files.splice(0)) {
+      try { if (fs.lstatSync(f).ino === ino) fs.unlinkSync(f) } catch {}
     }
     try { server?.stop(true) } catch {}
     server = null
@@ -237,13 +241,14 @@ export const CrossTalk = async ({ client, directory }) => {
         }
       },
     })
-    files.push(sock.path)
+    made(sock.path)
     fs.chmodSync(sock.path, 0o600)
     writeAtomic(record, JSON.stringify({
       format: FORMAT, version: 1, pid, process_start: processStart(pid), directory: dir,
-      socket: sock.path, opencode_version: opencodeVersion(), written_at: Date.now() / 1000,
+      socket: sock.path, opencode_version: opencodeVersion(),
+      written_at: (performance.timeOrigin + performance.now()) / 1000,
     }))
-    files.push(record)
+    made(record)
     onStop(remove)
   } catch (err) {
     log("CrossTalk could not publish this opencode instance", err)

@@ -43,8 +43,10 @@ HARNESS: Final = "opencode"
 #: How long the stream may take to show the stored message after the 204 (opencode stores it
 #: in a forked fiber at once; seconds mean something is wrong).
 EVIDENCE_TIMEOUT: Final = 5.0
-#: After the message is stored, how long to watch for an abort before any answer.
-ANSWER_GRACE: Final = 1.5
+#: After a waking message is stored, how long to watch for an abort before any answer. The
+#: sender waits this long when the session is busy (its answer comes at the loop's next step),
+#: so it is short: an abort later than this is not reported (the message stays stored).
+ANSWER_GRACE: Final = 0.5
 
 
 def render(delivery: Delivery) -> str:
@@ -138,15 +140,18 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
             first = await asyncio.wait_for(anext(events), evidence_timeout)
         except NotSent as exc:
             return Outcome(MessageState.UNREACHABLE, exc.reason)
-        except HTTPStatus as exc:
+        except HTTPStatus as exc:  # nothing was sent: even a 5xx here is a refusal
+            refused = _refusal(exc)
             return Outcome(MessageState.UNREACHABLE, "opencode_route_missing"
-                           if exc.status == 404 else f"opencode_refused:{exc.status}")
+                           if exc.status == 404 else refused.reason)
         except (NoAnswer, TimeoutError, StopAsyncIteration):
             return Outcome(MessageState.UNREACHABLE, "opencode_no_event_stream")
         if first.get("type") != "server.connected":
             return Outcome(MessageState.UNREACHABLE, "opencode_no_event_stream")
+        # A noReply message starts no turn: there is nothing to watch after it is stored.
+        grace = answer_grace if delivery.wake else 0.0
         watcher = asyncio.ensure_future(
-            _watch(events, session_id, message_id, evidence_timeout, answer_grace))
+            _watch(events, session_id, message_id, evidence_timeout, grace))
         try:
             try:
                 status, _ = await api.post(f"/session/{session_id}/prompt_async",
@@ -190,6 +195,8 @@ async def _watch(events: AsyncIterator[dict[str, Any]], session_id: str, message
             if stored is None:
                 stored = _stored_in(event, session_id, message_id)
                 if stored is not None:
+                    if answer_grace <= 0:
+                        return stored, None
                     deadline = loop.time() + answer_grace
                 continue
             end = _turn_end(event, session_id, stored)

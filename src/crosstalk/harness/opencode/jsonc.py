@@ -204,11 +204,16 @@ def indent_unit(text: str, root: Node) -> str:
     return "  "
 
 
-def render(value: Any, indent: str | None, unit: str) -> str:
+def render(value: Any, indent: str | None, unit: str, newline: str = "\n") -> str:
     """``value`` as JSON: multi-line continuing at ``indent`` (``None``: on one line)."""
     if indent is None:
         return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-    return json.dumps(value, ensure_ascii=False, indent=unit).replace("\n", "\n" + indent)
+    return json.dumps(value, ensure_ascii=False, indent=unit).replace("\n", newline + indent)
+
+
+def newline_of(text: str) -> str:
+    """The document's line break (a CRLF file stays CRLF)."""
+    return "\r\n" if "\r\n" in text else "\n"
 
 
 def member_indent(text: str, obj: Obj, unit: str) -> tuple[str | None, str]:
@@ -218,7 +223,7 @@ def member_indent(text: str, obj: Obj, unit: str) -> tuple[str | None, str]:
         first = obj.members[0]
         if _own_line(text, first.start):
             indent = _line_indent(text, first.start)
-            return indent, "\n" + indent
+            return indent, newline_of(text) + indent
         gap = text[obj.start + 1:first.start]
         return None, " " if gap.startswith(" ") else ""
     # An empty object gets one inline member after a space: a layout of ours it could not
@@ -237,7 +242,8 @@ def insert_member(text: str, obj: Obj, key: str, value: Any, unit: str) -> str:
     trailing comma, after that comma (with one after ours too), or right after ``{`` in an
     empty object: one chunk, which :func:`remove_member` takes out again."""
     indent, sep = member_indent(text, obj, unit)
-    member = f"{json.dumps(key, ensure_ascii=False)}: {render(value, indent, unit)}"
+    rendered = render(value, indent, unit, newline_of(text))
+    member = f"{json.dumps(key, ensure_ascii=False)}: {rendered}"
     if not obj.members:
         at, chunk = obj.start + 1, sep + member
     elif obj.members[-1].comma is not None:
@@ -277,4 +283,4 @@ def _after(member: Member) -> int:
 def replace_value(text: str, node: Node, value: Any, indent: str | None, unit: str) -> str:
     """``text`` with ``node``'s source replaced by ``value`` (continuing at ``indent``;
     ``None``: on one line)."""
-    return text[:node.start] + render(value, indent, unit) + text[node.end:]
+    return text[:node.start] + render(value, indent, unit, newline_of(text)) + text[node.end:]

@@ -4,10 +4,11 @@ item 4; research §5).
 opencode keeps every session it ever had (``GET /session`` lists the stored ones, newest
 first), so being stored proves nothing about being *run* here. A session is live once this
 instance shows it created or used: ``session.created``, ``session.status``,
-``message.updated`` or ``message.part.updated`` for it, or busy when the stream opens
-(``GET /session/status``). It stops being live on ``session.deleted``, or when it is gone
-from the instance (404) after the stream reconnects. Sub-agent sessions (the task tool's,
-``parentID`` set) are never agents; a call from one is bound to its root session.
+``message.updated`` or ``message.part.updated`` for it, or, when the stream opens, busy
+(``GET /session/status``) or updated since the instance's record was written. It stops
+being live on ``session.deleted``, or when it is gone from the instance (404) after the
+stream reconnects. Sub-agent sessions (the task tool's, ``parentID`` set) are never agents;
+a call from one is bound to its root session.
 
 Names follow the seed's naming rule from the session's ``title``, or its ``slug`` while the
 title is still opencode's placeholder (``New session - <date>``).
@@ -126,9 +127,19 @@ class LiveSet:
             raise
         return isinstance(info, dict) and self.learn(info)
 
-    async def recheck(self, api: Instance) -> bool:
-        """After (re)connecting: drop sessions the instance no longer has, add busy ones."""
+    async def recheck(self, api: Instance, since: float | None = None) -> bool:
+        """After (re)connecting: drop sessions the instance no longer has; add the busy ones,
+        and those updated at or after ``since`` (unix seconds: when the instance's record
+        was written, so used by this process; ``serve`` starts its MCP server only at a
+        session's first prompt, after that session was created)."""
         changed = False
+        if since is not None:
+            stored = await api.get("/session", {"roots": "true", "limit": "200"})
+            for info in stored if isinstance(stored, list) else []:
+                times = info.get("time") if isinstance(info, dict) else None
+                updated = times.get("updated") if isinstance(times, dict) else None
+                if isinstance(updated, (int, float)) and updated >= since * 1000:
+                    changed = self.learn(info) or changed
         for sid in list(self.live):
             try:
                 await api.get(f"/session/{sid}")

@@ -198,7 +198,7 @@ def opencode_without(text: str) -> str:
         ours = mcp.value.get(SERVER)
         if ours is None:
             return text
-        alone = jsonc.render({SERVER: ours.value.value}, indent, unit)
+        alone = jsonc.render({SERVER: ours.value.value}, indent, unit, jsonc.newline_of(text))
         if text[mcp.value.start:mcp.value.end] == alone:
             return jsonc.remove_member(text, root, "mcp")
         return jsonc.remove_member(text, mcp.value, SERVER)
@@ -214,7 +214,7 @@ def _without_allow(text: str, root: jsonc.Obj, member: jsonc.Member, indent: str
         return text
     action = node.value.get("*")
     if isinstance(action, str) and text[node.start:node.end] == jsonc.render(
-            _expanded(action), indent, unit):
+            _expanded(action), indent, unit, jsonc.newline_of(text)):
         return jsonc.replace_value(text, node, action, None, unit)
     return jsonc.remove_member(text, node, ALLOW_KEY)
 
@@ -309,17 +309,25 @@ ONE_SHOT = frozenset({"agent", "auth", "config", "console", "db", "debug", "expo
                       "session", "stats", "uninstall", "upgrade", "v2", "completion", "help"})
 
 
-def _opencode_processes() -> dict[int, list[str]]:
-    """Our user's running opencode processes (by their executable), with their argv."""
+def _opencode_processes(state: Path) -> dict[int, list[str]]:
+    """Our user's running opencode processes (by their executable) whose plugin would publish
+    into ``state`` (by their environment: another CROSSTALK_HOME is another setup), with their
+    argv."""
+    from crosstalk.config import state_dir
+
     found: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            if os.path.basename(os.readlink(entry / "exe")) in ("opencode", "opencode.exe"):
-                raw = (entry / "cmdline").read_bytes()
-                found[int(entry.name)] = [p.decode(errors="replace") for p in raw.split(b"\0")
-                                          if p]
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.basename(os.readlink(entry / "exe")) not in ("opencode", "opencode.exe"):
+                continue
+            environ = dict(item.split("=", 1) for item in (entry / "environ").read_bytes()
+                           .decode(errors="replace").split("\0") if "=" in item)
+            if state_dir(environ) != state:
+                continue
+            raw = (entry / "cmdline").read_bytes()
+            found[int(entry.name)] = [p.decode(errors="replace") for p in raw.split(b"\0") if p]
     return found
 
 
@@ -380,7 +388,8 @@ def _running(env: Mapping[str, str]) -> list[Finding]:
     from crosstalk.config import state_dir
     from crosstalk.proc import process_matches
 
-    records_dir = state_dir(dict(env)) / "opencode"
+    state = state_dir(dict(env))
+    records_dir = state / "opencode"
     found: list[Finding] = []
     published: set[int] = set()
     for path in sorted(records_dir.glob("*.json")) if records_dir.is_dir() else []:
@@ -393,7 +402,7 @@ def _running(env: Mapping[str, str]) -> list[Finding]:
         else:
             published.add(record["pid"])
             found.append(_instance(record))
-    for pid, argv in sorted(_opencode_processes().items()):
+    for pid, argv in sorted(_opencode_processes(state).items()):
         command = next((a for a in argv[1:] if not a.startswith("-")), "")
         if pid in published or command in ONE_SHOT:
             continue
