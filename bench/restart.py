@@ -38,6 +38,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -217,8 +218,11 @@ async def child_start(home: Path, runtime: Path) -> dict[str, float]:
     t, cpu = time.perf_counter(), time.process_time()
     await agent.start()
     took, cpu = time.perf_counter() - t, time.process_time() - cpu
-    print(json.dumps({"ready": True, "start_seconds": took, "start_cpu_seconds": cpu}),
-          flush=True)
+    # The peak so far is the start's own; the child's whole peak (wait4) includes the stop,
+    # whose checkpoint advance may hold a second copy of the readers' state.
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"ready": True, "start_seconds": took, "start_cpu_seconds": cpu,
+                      "start_peak_rss_mb": start_rss}), flush=True)
     t = time.perf_counter()
     mailbox = agent.mailbox()  # what the first receive_message reads
     first_receive = time.perf_counter() - t
@@ -370,6 +374,7 @@ def main() -> None:
 def _more(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """What every start figure adds: the first receive_message, the stop, what was read."""
     return {"start_cpu_seconds_median": _median(reports, "start_cpu_seconds"),
+            "start_peak_rss_mb_max": round(max(r["start_peak_rss_mb"] for r in reports), 1),
             "first_receive_seconds_median": _median(reports, "first_receive_seconds"),
             "stop_seconds_median": _median(reports, "stop_seconds"),
             "start_read_records": reports[-1]["start_read_records"],

@@ -167,6 +167,7 @@ class Agent:
                 # checkpoint when one holds (issue 12, item 6; ADR 0018).
                 self.started = start_pass(self.journal, self.receiver, self.checkpoint_policy)
                 read = self.started.readers
+                assert read is not None
                 self.claim = claim_state(read.claims.records)
                 self.reply_states = reply_state(read.replies.records)
                 self.checkpoints.started(self.started)  # before finish() settles anything
@@ -184,6 +185,8 @@ class Agent:
             self._wire_claims(read.claims.records)
             with collector.paused():
                 self.a2a.restore(read.tasks, resumable)
+            self.started.release()
+            del read
             url = await self.a2a.start()
             cred = reg.issue_credential()
             pid, started = own_process_identity()
