@@ -40,7 +40,9 @@ def test_fresh_install_then_uninstall_leaves_nothing(tmp_path: Path,
                                                      env: dict[str, str]) -> None:
     home = Path(env["HOME"])
     out = run(tmp_path, env)
-    assert out.count("create: ") == 3
+    # Claude's entry and skill, Codex's entry, opencode's entry and plugin.
+    assert out.count("create: ") == 5
+    assert "registered with claude, codex, opencode;" in out
     claude = json.loads((home / ".claude.json").read_text())
     entry = claude["mcpServers"]["crosstalk"]
     assert entry["type"] == "stdio"
@@ -52,7 +54,7 @@ def test_fresh_install_then_uninstall_leaves_nothing(tmp_path: Path,
     skill = home / ".claude" / "skills" / "crosstalk" / "SKILL.md"
     assert "reply" in skill.read_text()
     assert len(skill.read_text().splitlines()) < 60
-    assert run(tmp_path, env).count("unchanged: ") == 3  # idempotent
+    assert run(tmp_path, env).count("unchanged: ") == 5  # idempotent
     run(tmp_path, env, "uninstall")
     assert not (home / ".claude.json").exists()
     assert not (home / ".codex" / "config.toml").exists()

@@ -80,8 +80,11 @@ class Installer:
     def __init__(self, state: Path, env: Mapping[str, str] | None = None) -> None:
         self.env = dict(os.environ) if env is None else dict(env)
         self.saved = state / "install"
-        entries = [e for p in sorted(plugins(), key=lambda p: p.name)
-                   for e in p.install(self.env)]
+        by_harness = {p.name: list(p.install(self.env))
+                      for p in sorted(plugins(), key=lambda p: p.name)}
+        #: The harnesses install registers CrossTalk with (those whose plugin writes anything).
+        self.harnesses = [name for name, found in by_harness.items() if found]
+        entries = [e for found in by_harness.values() for e in found]
         self.configs = [e for e in entries if isinstance(e, ConfigEdit)]
         self.files = [e for e in entries if isinstance(e, PlacedFile)]
 
@@ -198,6 +201,6 @@ def run_install(state: Path, *, uninstall: bool = False, dry_run: bool = False,
     if not dry_run:
         installer.apply(changes, installing=not uninstall)
         if not uninstall:
-            print("CrossTalk is registered; new Claude Code sessions and Codex threads start "
-                  "it (restart running ones).", file=out)
+            print(f"CrossTalk is registered with {', '.join(installer.harnesses)}; their "
+                  "sessions started from now on run it (restart running ones).", file=out)
     return 0
