@@ -209,7 +209,13 @@ def test_the_socket_refuses_what_crosstalk_must_never_do(opencode_world: Opencod
                ("POST", "/permission/per_1/reply", {"reply": "always"}),
                ("PATCH", "/config", {"share": "auto"}),
                ("POST", f"/session/{session['id']}/shell", {"command": "true", "agent": "build"}),
-               ("POST", "/pty", {})]
+               ("POST", "/pty", {}),
+               # the same routes spelt otherwise
+               ("POST", "//tui/append-prompt", {"text": "x"}),
+               ("POST", "/%74ui/append-prompt", {"text": "x"}),
+               ("POST", "/TUI/submit-prompt", None),
+               ("POST", "/permission%2Fper_1%2Freply", {"reply": "once"}),
+               ("GET", "/%E0%A4%A/x", None)]
     for method, route, body in refused:
         status, answer = api.request(method, route, body)
         assert status == 403, (method, route, answer)
