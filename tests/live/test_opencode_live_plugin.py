@@ -364,3 +364,25 @@ def test_a_tui_told_to_stop_by_a_signal_cleans_up(opencode_world: OpencodeWorld,
     wait_for(lambda: not alive(tui.pid or 0), 20, what=f"the TUI gone after {sig.name}")
     assert not Path(record["_path"]).exists()
     assert not os.path.lexists(record["socket"])
+
+
+def test_a_socket_path_too_long_for_unix_goes_to_the_runtime_dir(
+        opencode_world: OpencodeWorld) -> None:
+    """A CROSSTALK_HOME so deep that ``<state>/opencode/<key>.sock`` would pass 103 bytes: the
+    record stays there, the socket goes to ``$XDG_RUNTIME_DIR/crosstalk-oc/`` (0700), and the
+    record says where."""
+    w = opencode_world
+    w.state = w.root / ("deep-" * 16)
+    w.state.mkdir(mode=0o700)
+    serve = w.serve("long").start()
+    record = serve.wait_record()
+    name = key(serve.pid or 0, serve.cwd)
+    assert Path(record["_path"]) == w.state / "opencode" / f"{name}.json"
+    assert len(str(w.state / "opencode" / f"{name}.sock").encode()) > 103
+    assert record["socket"] == str(w.runtime / "crosstalk-oc" / f"{name}.sock")
+    assert mode(w.runtime / "crosstalk-oc") == 0o700
+    assert mode(record["socket"]) == 0o600
+    assert UnixHttp(record["socket"]).get("/global/health")["healthy"] is True
+    assert serve.terminate() == -15
+    assert not os.path.lexists(record["socket"])
+    assert not Path(record["_path"]).exists()
