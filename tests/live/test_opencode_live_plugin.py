@@ -24,7 +24,7 @@ import pytest
 
 from crosstalk.proc import process_matches, process_start_time
 from tests.live.conftest import Timings
-from tests.live.support.claude import alive, wait_for
+from tests.live.support.claude import World, alive, wait_for
 from tests.live.support.opencode import VERSION, OpencodeWorld, UnixHttp
 
 FORMAT = "crosstalk-opencode-instance"
@@ -386,3 +386,16 @@ def test_a_socket_path_too_long_for_unix_goes_to_the_runtime_dir(
     assert serve.terminate() == -15
     assert not os.path.lexists(record["socket"])
     assert not Path(record["_path"]).exists()
+
+
+def test_an_opencode_world_shares_a_claude_worlds_state_and_namespace(
+        world: World, opencode_with_claude: OpencodeWorld) -> None:
+    """The rig for cross-harness scenarios: opencode publishes into the Claude world's
+    CROSSTALK_HOME, from inside the same loopback-only namespace."""
+    w = opencode_with_claude
+    assert (w.state, w.runtime, w.netns) == (world.state, world.runtime, world.netns)
+    tui = w.tui("shared").start()
+    record = tui.wait_record()
+    assert Path(record["_path"]).parent == world.state / "opencode"
+    assert os.readlink(f"/proc/{tui.pid}/ns/net") == world.netns.inode
+    assert UnixHttp(record["socket"]).get("/global/health")["version"] == VERSION
