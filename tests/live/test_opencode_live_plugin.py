@@ -24,7 +24,7 @@ import pytest
 
 from crosstalk.proc import process_matches, process_start_time
 from tests.live.conftest import Timings
-from tests.live.support.claude import alive, wait_for
+from tests.live.support.claude import World, alive, wait_for
 from tests.live.support.opencode import VERSION, OpencodeWorld, UnixHttp
 
 FORMAT = "crosstalk-opencode-instance"
@@ -209,7 +209,13 @@ def test_the_socket_refuses_what_crosstalk_must_never_do(opencode_world: Opencod
                ("POST", "/permission/per_1/reply", {"reply": "always"}),
                ("PATCH", "/config", {"share": "auto"}),
                ("POST", f"/session/{session['id']}/shell", {"command": "true", "agent": "build"}),
-               ("POST", "/pty", {})]
+               ("POST", "/pty", {}),
+               # the same routes spelt otherwise
+               ("POST", "//tui/append-prompt", {"text": "x"}),
+               ("POST", "/%74ui/append-prompt", {"text": "x"}),
+               ("POST", "/TUI/submit-prompt", None),
+               ("POST", "/permission%2Fper_1%2Freply", {"reply": "once"}),
+               ("GET", "/%E0%A4%A/x", None)]
     for method, route, body in refused:
         status, answer = api.request(method, route, body)
         assert status == 403, (method, route, answer)
@@ -358,3 +364,38 @@ def test_a_tui_told_to_stop_by_a_signal_cleans_up(opencode_world: OpencodeWorld,
     wait_for(lambda: not alive(tui.pid or 0), 20, what=f"the TUI gone after {sig.name}")
     assert not Path(record["_path"]).exists()
     assert not os.path.lexists(record["socket"])
+
+
+def test_a_socket_path_too_long_for_unix_goes_to_the_runtime_dir(
+        opencode_world: OpencodeWorld) -> None:
+    """A CROSSTALK_HOME so deep that ``<state>/opencode/<key>.sock`` would pass 103 bytes: the
+    record stays there, the socket goes to ``$XDG_RUNTIME_DIR/crosstalk-oc/`` (0700), and the
+    record says where."""
+    w = opencode_world
+    w.state = w.root / ("deep-" * 16)
+    w.state.mkdir(mode=0o700)
+    serve = w.serve("long").start()
+    record = serve.wait_record()
+    name = key(serve.pid or 0, serve.cwd)
+    assert Path(record["_path"]) == w.state / "opencode" / f"{name}.json"
+    assert len(str(w.state / "opencode" / f"{name}.sock").encode()) > 103
+    assert record["socket"] == str(w.runtime / "crosstalk-oc" / f"{name}.sock")
+    assert mode(w.runtime / "crosstalk-oc") == 0o700
+    assert mode(record["socket"]) == 0o600
+    assert UnixHttp(record["socket"]).get("/global/health")["healthy"] is True
+    assert serve.terminate() == -15
+    assert not os.path.lexists(record["socket"])
+    assert not Path(record["_path"]).exists()
+
+
+def test_an_opencode_world_shares_a_claude_worlds_state_and_namespace(
+        world: World, opencode_with_claude: OpencodeWorld) -> None:
+    """The rig for cross-harness scenarios: opencode publishes into the Claude world's
+    CROSSTALK_HOME, from inside the same loopback-only namespace."""
+    w = opencode_with_claude
+    assert (w.state, w.runtime, w.netns) == (world.state, world.runtime, world.netns)
+    tui = w.tui("shared").start()
+    record = tui.wait_record()
+    assert Path(record["_path"]).parent == world.state / "opencode"
+    assert os.readlink(f"/proc/{tui.pid}/ns/net") == world.netns.inode
+    assert UnixHttp(record["socket"]).get("/global/health")["version"] == VERSION

@@ -118,8 +118,16 @@ function opencodeVersion() {
 }
 
 // Routes CrossTalk must never use (see the header); a GET of /permission (is a session
-// waiting for its user?) stays open.
-function refused(method, pathname) {
+// waiting for its user?) stays open. Judged on the path as a router could read it: decoded,
+// slashes collapsed, lower case (so /%74ui/ or //TUI/ is /tui/ too).
+function refused(method, rawPath) {
+  let pathname
+  try {
+    pathname = decodeURIComponent(rawPath).replace(/\/{2,}/g, "/").toLowerCase()
+  } catch {
+    return "undecodable paths"
+  }
+  method = method.toUpperCase()
   if (pathname === "/tui" || pathname.startsWith("/tui/")) return "the TUI's prompt and dialogs"
   if (pathname === "/pty" || pathname.startsWith("/pty/")) return "terminals"
   if (/^\/session\/[^/]+\/(shell|command)$/.test(pathname)) return "running commands"
