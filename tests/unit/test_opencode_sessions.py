@@ -41,6 +41,18 @@ def test_the_live_set_keeps_roots_and_maps_children_to_them() -> None:
     assert live.live == {}
 
 
+def test_a_session_of_another_directory_of_the_project_is_not_this_instances() -> None:
+    # opencode lists and reports sessions per project; every directory of one repository
+    # is one project. Another directory's session is hosted by another process.
+    live = LiveSet(directory="/p")
+    assert not live.learn(_info("ses_other", directory="/p-worktree"))
+    assert live.learn(_info("ses_here"))
+    assert live.live == {"ses_here": "fix the build"}
+    rows = session_rows(RECORD, [_info("ses_here"), _info("ses_other", directory="/p2")],
+                        {"ses_other": {"type": "busy"}}, [])
+    assert [r.session_ref for r in rows] == ["ses_here"]
+
+
 def test_discovery_rows_show_only_sessions_this_process_ran() -> None:
     sessions = [_info("ses_idle"), _info("ses_busy"), _info("ses_wait"),
                 _info("ses_old", time={"created": 1, "updated": 1}),

@@ -78,9 +78,11 @@ def session_rows(record: InstanceRecord, sessions: Any, status: Any,
         if not (used or kind is not None or sid in waiting):
             continue  # stored, not run by this process
         directory = info.get("directory")
+        if isinstance(directory, str) and directory != record.directory:
+            continue  # the same project opened elsewhere: that instance hosts it
         rows.append(Session(
             HARNESS, sid, session_name(info),
-            directory if isinstance(directory, str) else record.directory,
+            record.directory,
             _status(kind, sid in waiting), reachable=True, pid=record.pid,
             locator=record.path, detail=waiting.get(sid)))
         if len(rows) >= MAX_SESSIONS:

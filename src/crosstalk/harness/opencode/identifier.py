@@ -139,6 +139,7 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
                 if first.get("type") != "server.connected":
                     log.info("opencode host %d: stream began with %s", self.ppid,
                              first.get("type"))
+                self.sessions.directory = record.directory
                 await self.sessions.recheck(api, since=record.written_at)
                 yield self.identities()
                 async for event in events:

@@ -63,6 +63,11 @@ class LiveSet:
     live: dict[str, str | None] = field(default_factory=dict)
     #: sub-agent session id -> its parent.
     children: dict[str, str] = field(default_factory=dict)
+    #: The instance's directory, once known. opencode lists and reports sessions per
+    #: *project*, and every directory of one repository is one project (its root commit):
+    #: a session of another directory is another instance's, hosted by whichever process
+    #: opened that directory, and must never be served (or injected) through this one.
+    directory: str | None = None
 
     def root_of(self, session_id: str) -> str:
         seen = {session_id}
@@ -79,6 +84,8 @@ class LiveSet:
         sid = info.get("id")
         if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid):
             return False
+        if not self.ours(info):
+            return False
         parent = info.get("parentID")
         if isinstance(parent, str) and parent:
             self.children[sid] = parent
@@ -92,6 +99,11 @@ class LiveSet:
             return False
         self.live[sid] = name
         return True
+
+    def ours(self, info: Mapping[str, Any]) -> bool:
+        """Whether a session's info names this instance's directory (or no directory)."""
+        where = info.get("directory")
+        return self.directory is None or not isinstance(where, str) or where == self.directory
 
     def forget(self, session_id: str) -> bool:
         self.children.pop(session_id, None)
