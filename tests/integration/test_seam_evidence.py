@@ -1,4 +1,4 @@
-"""The seam's argument evidence and live sessions (ADR 0901), driven through the fake harness.
+"""The seam's argument evidence and live sessions (ADR 0022), driven through the fake harness.
 
 Real ``crosstalk mcp`` processes spoken to with the official MCP client: a call may name its
 session in the ``_fake`` argument (as opencode's plugin stamps ``_opencode``), and with

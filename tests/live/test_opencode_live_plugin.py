@@ -39,7 +39,7 @@ def mode(path: str | Path) -> int:
 
 
 def check_record(w: OpencodeWorld, record: dict[str, Any], pid: int, directory: Path) -> None:
-    """Every field as common.md has it; the files private to us."""
+    """Every field as ``harness/opencode/records.py`` reads it; the files private to us."""
     name = key(pid, directory)
     assert Path(record["_path"]) == w.records_dir / f"{name}.json"
     assert {k: record[k] for k in ("format", "version", "pid", "process_start", "directory",

@@ -247,7 +247,7 @@ class ArgumentEvidence(Protocol):
     The shim removes the argument named ``stamp`` from every call before the tools see the
     arguments (they refuse what they do not know), whoever's the call turns out to be and
     even when this identifier refuses it; only this identifier is shown the stamp's value.
-    Trust order still decides which identifier is asked first (ADR 0901)."""
+    Trust order still decides which identifier is asked first (ADR 0022)."""
 
     #: The argument this harness's host stamps into calls of CrossTalk's tools.
     stamp: str
@@ -269,7 +269,7 @@ class LiveSessions(Protocol):
     cap) and retires those it registered from an earlier set that are gone from this one.
     The iterator may end (its host went away); the shim starts it again on its next poll.
     A harness must yield only sessions it has positive evidence for: the set is taken as the
-    truth, and a session missing from it is retired (ADR 0901)."""
+    truth, and a session missing from it is retired (ADR 0022)."""
 
     def live_sessions(self) -> AsyncIterator[Sequence[Identity]]:
         ...

@@ -16,7 +16,7 @@ A harness with *live sessions* (opencode: several sessions per shim, each a full
 soon as its host shows it live) is followed by one task per harness, started by
 :meth:`Shim.sync`: each set it yields registers the new sessions (up to ``max_live``) and
 retires the ones an earlier set had that are gone. A session bound by a call that no set has
-shown is never retired by a set that lacks it: a call is evidence too (ADR 0901).
+shown is never retired by a set that lacks it: a call is evidence too (ADR 0022).
 
 A harness whose evidence is stamped into the call's arguments has its stamp removed from every
 call here, before the tools validate the arguments, and shown to that harness only.
