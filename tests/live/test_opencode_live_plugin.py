@@ -343,7 +343,7 @@ def test_the_installed_entry_and_plugin_work_in_opencode_and_uninstall_restores_
     assert f"opencode: registered in {edit.path} ({' '.join(command)})" in lines
     assert f"opencode: plugin {placed.path}" in lines
     assert f"opencode: version {VERSION}" in lines
-    assert f"opencode {tui.pid} in {record['directory']}: reachable, 1 sessions stored, " \
+    assert f"opencode {tui.pid} in {record['directory']}: reachable, 1 sessions live, " \
         f"1 busy (opencode {VERSION})" in lines  # busy: other_echo waits for its user
 
     stopping = time.monotonic()

@@ -10,14 +10,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +24,6 @@ from crosstalk.cli import install as install_cli
 from crosstalk.harness.base import Session
 from crosstalk.harness.opencode import jsonc, setup
 from crosstalk.harness.plugin import ConfigEdit, ConfigError, Finding, HarnessPlugin, PlacedFile
-from crosstalk.proc import process_start_time
 from tests.unit.test_opencode_jsonc import GAPS, documents
 
 COMMAND = ["/opt/venv/bin/crosstalk", "mcp"]
@@ -327,77 +321,6 @@ def test_doctor_finds_an_outdated_plugin_a_disabled_entry_and_withheld_tools(
     assert any("is not an executable local server" in p for p in problems(setup.doctor(env)))
     path.write_text("{ not json")
     assert any("cannot read" in p for p in problems(setup.doctor(env)))
-
-
-class _Fake(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = {"/session?roots=true": [{"id": "ses_1"}, {"id": "ses_2"}],
-                "/session/status": {"ses_2": {"type": "busy"}}}.get(self.path)
-        data = json.dumps(body).encode()
-        self.send_response(200 if body is not None else 404)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
-class _UnixHTTPServer(HTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self) -> None:
-        self.socket.bind(self.server_address)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        conn, _ = self.socket.accept()
-        return conn, ("local", 0)
-
-
-@pytest.fixture
-def instance_socket(tmp_path: Path) -> Iterator[Path]:
-    """A real unix socket answering the two routes doctor reads, as opencode would."""
-    path = tmp_path / "s.sock"
-    server = _UnixHTTPServer(str(path), _Fake)  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield path
-    server.shutdown()
-    server.server_close()
-
-
-def write_record(records: Path, name: str, **fields: Any) -> Path:
-    records.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = records / f"{name}.json"
-    path.write_text(json.dumps({"format": setup.RECORD_FORMAT, "version": 1, **fields}))
-    return path
-
-
-def test_doctor_reads_records_live_stale_and_forged(tmp_path: Path, instance_socket: Path
-                                                    ) -> None:
-    env = env_for(tmp_path, CROSSTALK_HOME=str(tmp_path / "state"))
-    installed(tmp_path, env)
-    records = tmp_path / "state" / "opencode"
-    me = os.getpid()
-    write_record(records, "live", pid=me, process_start=process_start_time(me),
-                 directory="/w/a", socket=str(instance_socket), opencode_version="1.18.33")
-    write_record(records, "stale", pid=me, process_start="1", directory="/w/b",
-                 socket="/nowhere.sock")
-    write_record(records, "deaf", pid=me, process_start=process_start_time(me),
-                 directory="/w/c", socket=str(tmp_path / "none.sock"))
-    (records / "torn.json").write_text('{"format": "crosstalk-open')
-    write_record(records, "forged", pid="1", process_start=1, directory=3, socket=None)
-    (records / "alien.json").write_text('{"format": "something-else", "version": 1}')
-    found = setup.doctor(env)
-    text = "\n".join(f.line() for f in found)
-    assert f"opencode {me} in /w/a: reachable, 2 sessions stored, 1 busy (opencode 1.18.33)" \
-        in text
-    assert "stale.json: its process is gone (a stale record, ignored)" in text
-    assert f"opencode {me} in /w/c: its socket" in text
-    assert "does not answer" in text
-    assert f"rm {records / 'torn.json'}" in text
-    assert "forged.json: a field has the wrong type" in text
-    assert "alien.json: not a CrossTalk opencode record" in text
 
 
 def test_doctor_names_a_running_opencode_that_publishes_nothing(tmp_path: Path) -> None:

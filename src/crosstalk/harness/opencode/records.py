@@ -45,7 +45,7 @@ class RecordError(Exception):
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,10 @@ class Scanned:
     path: str
     record: InstanceRecord | None
     reason: str | None = None
+    #: What the reason is about (a field, a pid, an errno), for people (``doctor``).
+    detail: str = ""
+    #: The record as read when it reads but is not live (a stale one, a dead socket).
+    parsed: InstanceRecord | None = None
 
 
 def scan(env: Mapping[str, str]) -> Iterator[Scanned]:
@@ -165,13 +169,14 @@ def scan(env: Mapping[str, str]) -> Iterator[Scanned]:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
     for name in names:
         path = folder / name
+        parsed = None
         try:
-            record = read_record(path)
-            check_live(record)
+            parsed = read_record(path)
+            check_live(parsed)
         except RecordError as exc:
-            yield Scanned(str(path), None, exc.reason)
+            yield Scanned(str(path), None, exc.reason, exc.detail, parsed)
             continue
-        yield Scanned(str(path), record)
+        yield Scanned(str(path), parsed)
 
 
 def live_records(env: Mapping[str, str]) -> list[InstanceRecord]:

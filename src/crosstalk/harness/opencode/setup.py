@@ -20,13 +20,12 @@ force; nothing else in ``permission`` is touched.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import http.client
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +33,9 @@ from typing import Any
 
 from crosstalk.harness.base import Session
 from crosstalk.harness.opencode import jsonc
+from crosstalk.harness.opencode.discovery import DISCOVERY_TIMEOUT, instance_sessions
+from crosstalk.harness.opencode.http import OpencodeError
+from crosstalk.harness.opencode.records import InstanceRecord, scan
 from crosstalk.harness.plugin import SERVER, ConfigEdit, ConfigError, Finding, PlacedFile
 
 SCHEMA = "https://opencode.ai/config.json"
@@ -48,7 +50,6 @@ ALLOW_KEY = f"{SERVER}_*"
 #: MCP calls time out after the entry's ``timeout`` (ms; opencode's default is the MCP SDK's
 #: 60 s); ``send_message`` may wait up to 150 s for a delivery outcome (config.DELIVERY_TIMEOUT).
 TOOL_TIMEOUT_MS = 180_000
-RECORD_FORMAT = "crosstalk-opencode-instance"
 
 
 def config_dir(env: Mapping[str, str]) -> Path:
@@ -331,77 +332,51 @@ def _opencode_processes(state: Path) -> dict[int, list[str]]:
     return found
 
 
-def read_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(a plugin record, validated; why not)."""
+def _instance(record: InstanceRecord, env: Mapping[str, str]) -> Finding:
+    """What discovery sees of one live instance (the harness's own reader, so doctor says
+    exactly what ``crosstalk agents`` and a sender would find)."""
+    where = f"opencode {record.pid} in {record.directory}"
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        return None, f"unreadable ({exc})"
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or data.get(
-            "version") != 1:
-        return None, "not a CrossTalk opencode record (format/version)"
-    if not (isinstance(data.get("pid"), int) and isinstance(data.get("process_start"), str)
-            and isinstance(data.get("socket"), str) and isinstance(data.get("directory"), str)):
-        return None, "a field has the wrong type"
-    return data, None
+        rows = asyncio.run(asyncio.wait_for(instance_sessions(record, env),
+                                            DISCOVERY_TIMEOUT))
+    except (OpencodeError, TimeoutError) as exc:
+        why = getattr(exc, "reason", None) or "no answer in time"
+        return Finding(False, f"{where}: its socket {record.socket} does not answer as opencode "
+                       f"({why})", f"restart that opencode (pid {record.pid})")
+    busy = sum(1 for r in rows if r.status in ("busy", "waiting"))
+    return Finding(True, f"{where}: reachable, {len(rows)} sessions live, {busy} busy "
+                   f"(opencode {record.opencode_version or '?'})")
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
-def _get(sock: str, route: str, timeout: float = 3.0) -> Any:
-    conn = _UnixHTTPConnection(sock, timeout)
-    try:
-        conn.request("GET", route)
-        response = conn.getresponse()
-        body = response.read()
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise OSError(f"GET {route} answered {response.status}")
-    return json.loads(body)
-
-
-def _instance(record: dict[str, Any]) -> Finding:
-    where = f"opencode {record['pid']} in {record['directory']}"
-    try:
-        sessions = _get(record["socket"], "/session?roots=true")
-        status = _get(record["socket"], "/session/status")
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        return Finding(False, f"{where}: its socket {record['socket']} does not answer ({exc})",
-                       f"restart that opencode (pid {record['pid']})")
-    count = len(sessions) if isinstance(sessions, list) else "?"
-    busy = len(status) if isinstance(status, dict) else "?"
-    return Finding(True, f"{where}: reachable, {count} sessions stored, {busy} busy "
-                   f"(opencode {record.get('opencode_version') or '?'})")
+#: Why a record is not live that means its process is gone: stale, and ignored.
+_STALE = frozenset({"pid_gone", "process_start_mismatch"})
+#: ... that means the process lives but its socket does not serve: restart it.
+_DEAF = frozenset({"socket_missing", "socket_refused"})
 
 
 def _running(env: Mapping[str, str]) -> list[Finding]:
     from crosstalk.config import state_dir
-    from crosstalk.proc import process_matches
 
     state = state_dir(dict(env))
-    records_dir = state / "opencode"
     found: list[Finding] = []
     published: set[int] = set()
-    for path in sorted(records_dir.glob("*.json")) if records_dir.is_dir() else []:
-        record, why = read_record(path)
-        if record is None:
-            found.append(Finding(False, f"opencode record {path}: {why}", f"rm {path}"))
-        elif not process_matches(record["pid"], record["process_start"]):
-            found.append(Finding(True, f"opencode record {path}: its process is gone "
+    for seen in scan(env):
+        why = f"{seen.reason}: {seen.detail}" if seen.detail else str(seen.reason)
+        if seen.record is not None:
+            published.add(seen.record.pid)
+            found.append(_instance(seen.record, env))
+        elif seen.reason in _STALE:
+            found.append(Finding(True, f"opencode record {seen.path}: its process is gone "
                                  "(a stale record, ignored)"))
-        else:
-            published.add(record["pid"])
-            found.append(_instance(record))
+        elif seen.reason in _DEAF and seen.parsed is not None:
+            published.add(seen.parsed.pid)
+            found.append(Finding(False, f"opencode {seen.parsed.pid} in "
+                                 f"{seen.parsed.directory}: its socket {seen.parsed.socket} "
+                                 f"does not answer ({why})",
+                                 f"restart that opencode (pid {seen.parsed.pid})"))
+        else:  # torn, forged, not ours: nothing will ever read it
+            found.append(Finding(False, f"opencode record {seen.path}: {why}",
+                                 f"rm {seen.path}"))
     for pid, argv in sorted(_opencode_processes(state).items()):
         command = next((a for a in argv[1:] if not a.startswith("-")), "")
         if pid in published or command in ONE_SHOT:
