@@ -189,5 +189,5 @@ async def test_a_third_harness_needs_only_its_package_and_an_entry_point(
     assert code == 0, out
     assert f"create: {env['HOME']}/.third/config.txt" in out
     assert "+server " in out
-    assert out.count("create: ") == 4
+    assert out.count("create: ") == 6  # the third + Claude (2), Codex (1), opencode (2)
     assert not Path(env["HOME"]).exists()
