@@ -31,7 +31,7 @@ from tests.live.support.claude import (
 from tests.live.support.codex import CodexWorld, output_json, request_text
 from tests.live.support.extras import ENVELOPE
 from tests.live.support.mock_api import message_text
-from tests.live.support.opencode import OpencodeTui, OpencodeWorld, UnixHttp
+from tests.live.support.opencode import OpencodeWorld, UnixHttp
 from tests.live.support.opencode_steps import (
     answered_call,
     first_session,
@@ -39,6 +39,7 @@ from tests.live.support.opencode_steps import (
     oc_descriptor,
     oc_descriptors,
     oc_tool_call,
+    ready_pair,
     wait_oc_descriptor,
     wait_oc_idle,
     wait_oc_request,
@@ -117,14 +118,7 @@ def test_a_busy_opencode_session_gets_claudes_message_at_its_next_step(
     message is accepted (stored), and the loop's next model request — the same turn, no
     prompt typed — carries it after the tool's result."""
     ow = with_crosstalk(opencode_with_claude)
-    alpha = world.session("alpha").start()
-    tui = ow.tui("oc").start()
-    sid = first_session(ow, tui, unique("HELLO"))
-    oc = wait_oc_descriptor(world, sid)
-    alpha.wait_named()
-    alpha.wait_mcp_connected()
-    alpha.wait_idle()
-    wait_oc_idle(tui, sid)
+    alpha, _, tui, sid, oc = ready_pair(world, ow)
 
     # Step 1: a tool call; step 2 (the answer to its result) waits on a gate.
     match, gate = unique("LOOP"), unique("gate")
@@ -165,14 +159,7 @@ def test_next_turn_into_opencode_does_not_wake_it_and_its_next_turn_carries_it(
     """``delivery=next_turn`` stores the message without a model call (``queued``); the
     session's model sees it first in the turn its user starts next."""
     ow = with_crosstalk(opencode_with_claude)
-    alpha = world.session("alpha").start()
-    tui = ow.tui("oc").start()
-    sid = first_session(ow, tui, unique("HELLO"))
-    oc = wait_oc_descriptor(world, sid)
-    alpha.wait_named()
-    alpha.wait_mcp_connected()
-    alpha.wait_idle()
-    wait_oc_idle(tui, sid)
+    alpha, _, tui, sid, oc = ready_pair(world, ow)
 
     text = unique("NEXT-TURN")
     trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text,
@@ -191,20 +178,6 @@ def test_next_turn_into_opencode_does_not_wake_it_and_its_next_turn_carries_it(
     got = wait_oc_request(ow, sid, prompt, after=typed)
     assert text in json.dumps(got["body"]), "the next turn does not carry the message"
     assert str(result["message_id"]) in json.dumps(got["body"])
-
-
-def ready_pair(world: World, ow: OpencodeWorld) -> tuple[LiveClaude, dict[str, Any],
-                                                        OpencodeTui, str, dict[str, Any]]:
-    """A Claude session and an opencode TUI session, both agents, both idle."""
-    alpha = world.session("alpha").start()
-    tui = ow.tui("oc").start()
-    sid = first_session(ow, tui, unique("HELLO"))
-    oc = wait_oc_descriptor(world, sid)
-    alpha.wait_named()
-    alpha.wait_mcp_connected()
-    alpha.wait_idle()
-    wait_oc_idle(tui, sid)
-    return alpha, alpha.wait_descriptor(), tui, sid, oc
 
 
 #: The id of an ask in the envelope opencode's model gets (``render_peer``).

@@ -11,9 +11,10 @@ import json
 import time
 from typing import Any
 
-from tests.live.support.claude import Entry, World, wait_for
+from tests.live.support.claude import Entry, LiveClaude, World, wait_for
 from tests.live.support.mock_chat import last_user, message_text, messages
 from tests.live.support.opencode import OpencodeTui, OpencodeWorld
+from tests.live.support.steps import unique
 
 
 def crosstalk_entry(ow: OpencodeWorld) -> dict[str, Any]:
@@ -139,3 +140,17 @@ def answered_call(ow: OpencodeWorld, rule_id: str, timeout: float = 60.0
         return None
     entry, result = wait_for(back, timeout, step=0.1, what=f"the result of {rule_id}'s call")
     return asked, result, entry
+
+
+def ready_pair(world: World, ow: OpencodeWorld) -> tuple[LiveClaude, dict[str, Any],
+                                                        OpencodeTui, str, dict[str, Any]]:
+    """A Claude session and an opencode TUI session, both agents, both idle."""
+    alpha = world.session("alpha").start()
+    tui = ow.tui("oc").start()
+    sid = first_session(ow, tui, unique("HELLO"))
+    oc = wait_oc_descriptor(world, sid)
+    alpha.wait_named()
+    alpha.wait_mcp_connected()
+    alpha.wait_idle()
+    wait_oc_idle(tui, sid)
+    return alpha, alpha.wait_descriptor(), tui, sid, oc
