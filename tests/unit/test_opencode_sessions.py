@@ -80,3 +80,17 @@ def test_the_sse_reader_takes_only_event_objects() -> None:
     assert _data('data: {"type": 5}') is None
     assert _data(": heartbeat comment") is None
     assert _data("event: message") is None
+
+
+def test_a_session_stored_in_the_records_millisecond_counts_as_after_it() -> None:
+    # The plugin writes ``written_at`` with sub-millisecond precision; opencode stamps
+    # sessions with ``Date.now()``, whole milliseconds. A session created in the same
+    # millisecond as the record (CI saw it) was read as stored before and left out.
+    record = InstanceRecord(pid=7, process_start="1", directory="/p", socket="/s.sock",
+                            opencode_version="1.18.33", written_at=100.0004,
+                            path="/r/7-x.json")
+    assert record.written_ms == 100_000
+    same_ms = _info("ses_same", time={"created": 100_000, "updated": 100_000})
+    before = _info("ses_before", time={"created": 99_999, "updated": 99_999})
+    rows = session_rows(record, [same_ms, before], {}, [])
+    assert [r.session_ref for r in rows] == ["ses_same"]

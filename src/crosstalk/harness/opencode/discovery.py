@@ -62,7 +62,7 @@ def session_rows(record: InstanceRecord, sessions: Any, status: Any,
     for perm in permissions if isinstance(permissions, list) else []:
         if isinstance(perm, dict) and isinstance(perm.get("sessionID"), str):
             waiting[perm["sessionID"]] = str(perm.get("permission") or "permission")[:64]
-    since_ms = record.written_at * 1000
+    since_ms = record.written_ms
     rows: list[Session] = []
     for info in sessions if isinstance(sessions, list) else []:
         if not isinstance(info, dict) or info.get("parentID"):

@@ -140,7 +140,7 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
                     log.info("opencode host %d: stream began with %s", self.ppid,
                              first.get("type"))
                 self.sessions.directory = record.directory
-                await self.sessions.recheck(api, since=record.written_at)
+                await self.sessions.recheck(api, since_ms=record.written_ms)
                 yield self.identities()
                 async for event in events:
                     if event.get("type") == "server.instance.disposed":

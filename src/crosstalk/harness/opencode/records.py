@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import stat
@@ -60,6 +61,12 @@ class InstanceRecord:
     written_at: float
     #: Where the record was read from.
     path: str
+
+    @property
+    def written_ms(self) -> int:
+        """``written_at`` on opencode's own clock: whole milliseconds (``Date.now()``), so a
+        session stored in the same millisecond as the record counts as after it."""
+        return math.floor(self.written_at * 1000)
 
 
 def records_dir(env: Mapping[str, str]) -> Path:

@@ -139,18 +139,18 @@ class LiveSet:
             raise
         return isinstance(info, dict) and self.learn(info)
 
-    async def recheck(self, api: Instance, since: float | None = None) -> bool:
+    async def recheck(self, api: Instance, since_ms: int | None = None) -> bool:
         """After (re)connecting: drop sessions the instance no longer has; add the busy ones,
-        and those updated at or after ``since`` (unix seconds: when the instance's record
+        and those updated at or after ``since_ms`` (unix ms: when the instance's record
         was written, so used by this process; ``serve`` starts its MCP server only at a
         session's first prompt, after that session was created)."""
         changed = False
-        if since is not None:
+        if since_ms is not None:
             stored = await api.get("/session", {"roots": "true", "limit": "200"})
             for info in stored if isinstance(stored, list) else []:
                 times = info.get("time") if isinstance(info, dict) else None
                 updated = times.get("updated") if isinstance(times, dict) else None
-                if isinstance(updated, (int, float)) and updated >= since * 1000:
+                if isinstance(updated, (int, float)) and updated >= since_ms:
                     changed = self.learn(info) or changed
         for sid in list(self.live):
             try:
