@@ -17,10 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Identity, LoadedHarness
+from crosstalk.harness.base import (
+    Binding,
+    Delivery,
+    Identity,
+    LoadedHarness,
+    Outcome,
+    Receipt,
+)
+from crosstalk.harness.fake import FakeHarness
 from crosstalk.harness.opencode import (
     HostedOpencodeIdentifier,
     OpencodeDiscovery,
@@ -30,6 +39,7 @@ from crosstalk.harness.opencode import (
     inject_at,
     parent_is_opencode,
 )
+from crosstalk.store.registry import Registry
 from tests.support.fakes.opencode_instance import FakeOpencode
 from tests.support.waiting import eventually
 
@@ -163,6 +173,121 @@ async def test_a_turn_aborted_before_an_answer_is_reported(fake: FakeOpencode) -
     out = await inject_at(fake.socket_path, sid, delivery("stop me"))
     assert out.state is MessageState.ACCEPTED
     assert out.reason == "opencode_aborted_before_answer"
+
+
+# -- after the grace: the follow-up watches the turn -----------------------------------------
+
+
+async def _held(fake: FakeOpencode, text: str) -> tuple[str, Delivery, Outcome]:
+    """A message injected into a session whose tool loop is still running."""
+    fake.behaviour.hold_turns = True
+    sid = fake.add_session("looping")
+    fake.start_step(sid)
+    d = delivery(text)
+    out = await inject_at(fake.socket_path, sid, d, answer_grace=0.1)
+    assert (out.state, out.reason) == (MessageState.ACCEPTED, None), out
+    assert out.follow_up is not None  # the loop has not taken it yet
+    return sid, d, out
+
+
+async def test_a_loop_aborted_after_the_grace_is_reported_by_the_follow_up(
+        fake: FakeOpencode) -> None:
+    sid, d, out = await _held(fake, "read me at your next step")
+    assert out.follow_up is not None
+    watch = asyncio.ensure_future(out.follow_up())
+    await asyncio.sleep(0.3)
+    assert not watch.done()  # still watching: the loop may take it
+    fake.abort(sid)
+    receipt = await asyncio.wait_for(watch, 10)
+    assert receipt == Receipt(d.message.message_id, "unanswered",
+                              "opencode_aborted_before_answer", frame_id=receipt.frame_id)
+    assert receipt.frame_id is not None
+    assert receipt.frame_id.startswith("msg_")
+
+
+async def test_a_loop_that_takes_the_message_later_reports_nothing(fake: FakeOpencode) -> None:
+    sid, _, out = await _held(fake, "read me at your next step")
+    assert out.follow_up is not None
+    watch = asyncio.ensure_future(out.follow_up())
+    await asyncio.sleep(0.2)
+    fake.finish_step(sid)  # one more step, which reads it
+    assert await asyncio.wait_for(watch, 10) is None
+
+
+async def test_the_follow_up_reads_what_happened_before_it_started(fake: FakeOpencode) -> None:
+    # The agent starts the follow-up after the injector's watch closed its stream: an abort
+    # in between is read from the session as stored, not missed.
+    sid, _, out = await _held(fake, "aborted in the gap")
+    fake.abort(sid)
+    assert out.follow_up is not None
+    receipt = await asyncio.wait_for(out.follow_up(), 10)
+    assert receipt is not None
+    assert (receipt.status, receipt.reason) == ("unanswered", "opencode_aborted_before_answer")
+    sid2, _, out2 = await _held(fake, "taken in the gap")
+    fake.finish_step(sid2)
+    assert out2.follow_up is not None
+    assert await asyncio.wait_for(out2.follow_up(), 10) is None
+    sid3, _, out3 = await _held(fake, "the loop ended without it")
+    fake.set_busy(sid3, False)  # opencode's [?] window: the loop exited without a new step
+    assert out3.follow_up is not None
+    receipt3 = await asyncio.wait_for(out3.follow_up(), 10)
+    assert receipt3 is not None
+    assert receipt3.reason == "opencode_turn_ended_unanswered"
+
+
+async def test_a_follow_up_whose_instance_goes_away_says_nothing(fake: FakeOpencode) -> None:
+    _, _, out = await _held(fake, "then opencode quits")
+    assert out.follow_up is not None
+    watch = asyncio.ensure_future(out.follow_up())
+    await asyncio.sleep(0.2)
+    await fake.stop()
+    assert await asyncio.wait_for(watch, 10) is None
+    assert await asyncio.wait_for(out.follow_up(), 10) is None  # nothing to connect to
+
+
+async def test_no_follow_up_when_the_grace_settled_it(fake: FakeOpencode) -> None:
+    sid = fake.add_session("idle")
+    woke = await inject_at(fake.socket_path, sid, delivery("wake up"))
+    assert woke.follow_up is None  # answered within the grace
+    queued = await inject_at(fake.socket_path, sid,
+                             delivery("later", mode=DeliveryMode.NEXT_TURN))
+    assert queued.state is MessageState.QUEUED
+    assert queued.follow_up is None  # no turn to watch
+
+
+async def test_an_agent_journals_the_late_abort_as_a_receipt(fake: FakeOpencode,
+                                                             tmp_path: Path) -> None:
+    """End to end in one agent: the injector answers ``accepted`` at once; the abort a
+    second later is journaled and shown in the mailbox, the state unchanged."""
+    fake.behaviour.hold_turns = True
+    sid = fake.add_session("looping")
+    fake.start_step(sid)
+    env = {**env_of(fake), "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")}
+    reg = Registry(tmp_path / "agents")
+    harness = OpencodeHarness(sid, lambda: host_record(env_of(fake), fake.pid, fake.directory))
+    bob = Agent(reg, AgentSpec(harness, sid, fake.directory, "bob"), env=env)
+    alice = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
+    await bob.start()
+    await alice.start()
+    try:
+        sent = await alice.send("bob", "read me at your next step", until_delivered=True)
+        assert sent.state == "accepted"
+        await eventually(lambda: any(e.message_id == sent.message_id and e.receipt is None
+                                     for e in bob.mailbox()), what="the message in the mailbox")
+        fake.abort(sid)
+
+        def receipt() -> str | None:
+            return next((e.receipt for e in bob.mailbox()
+                         if e.message_id == sent.message_id), None)
+
+        await eventually(lambda: receipt() is not None, what="the receipt")
+        assert receipt() == "unanswered:opencode_aborted_before_answer"
+        assert bob.receiver is not None
+        assert bob.receiver.entries[sent.message_id].state is MessageState.ACCEPTED
+    finally:
+        await alice.stop()
+        await bob.stop()
+    assert not [t for t in asyncio.all_tasks() if "follow-up" in t.get_name()]
 
 
 async def test_reconcile_finds_the_stored_message(fake: FakeOpencode) -> None:

@@ -29,7 +29,7 @@ from tests.live.support.claude import (
     wait_for,
 )
 from tests.live.support.codex import CodexWorld, output_json, request_text
-from tests.live.support.extras import ENVELOPE
+from tests.live.support.extras import ENVELOPE, journal
 from tests.live.support.mock_api import message_text
 from tests.live.support.opencode import OpencodeWorld, UnixHttp
 from tests.live.support.opencode_steps import (
@@ -152,6 +152,51 @@ def test_a_busy_opencode_session_gets_claudes_message_at_its_next_step(
     assert not any(match in str(m.get("content")) for m in body["messages"][-3:])
     assert all(e.get("session") == sid for e in ow.entries()
                if e.get("kind") == "main" and float(e["t"]) >= float(asked["t"]))
+
+
+def test_a_message_a_loop_never_took_is_reported_when_the_user_aborts_the_loop(
+        world: World, opencode_with_claude: OpencodeWorld, timings: Timings) -> None:
+    """opencode is in a tool loop, its next step's model answer held back; Claude's message is
+    stored (``accepted``); the user presses Esc before the loop takes it. The opencode agent
+    journals an ``unanswered`` receipt (``opencode_aborted_before_answer``) for it, long
+    after the send returned, and the message, still in the session, reaches the model with
+    the user's next prompt."""
+    ow = with_crosstalk(opencode_with_claude)
+    alpha, _, tui, sid, oc = ready_pair(world, ow)
+    match, gate = unique("LOOP"), unique("gate")
+    ow.mock.add_rules({"id": "abort-loop", "match": match, "session": sid,
+                       "tool_call": {"name": "crosstalk_list_agents", "arguments": {}},
+                       "then": {"gate": gate, "gate_timeout_s": 60, "text": "never read"}})
+    tui.type(match)
+    answered_call(ow, "abort-loop")  # step 2's request is in flight, held by the gate
+    text = unique("NEVER-TAKEN")
+    trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text)
+    after = alpha.last_seq()
+    alpha.send_keys(f"{trigger} tell oc")
+    result = claude_result(alpha, after)
+    assert result.get("state") == "accepted", result
+    mid = str(result["message_id"])
+    time.sleep(1.5)  # well past the injector's grace: only the follow-up can tell now
+    pressed = time.monotonic()
+    for _ in range(2):  # Esc, Esc: opencode's interrupt
+        tui.tmux("send-keys", "-t", "oc", "Escape")
+        time.sleep(0.3)
+
+    def receipt() -> dict[str, Any] | None:
+        return next((r for r in journal(world, oc["agent_id"])
+                     if r.get("subject") == "receipt" and r.get("id") == mid), None)
+
+    got = wait_for(receipt, 30, what="the opencode agent's receipt for the aborted message")
+    timings.add("Esc -> unanswered receipt journaled", time.monotonic() - pressed)
+    assert (got["status"], got["reason"]) == ("unanswered", "opencode_aborted_before_answer")
+    ow.mock.open_gate(gate)
+    assert not any(text in json.dumps(e.get("body")) for e in ow.entries()), \
+        "the aborted loop read the message after all"
+    wait_oc_idle(tui, sid)
+    typed = time.time()
+    tui.type(unique("NEXT"))
+    carried = wait_oc_request(ow, sid, text, after=typed)
+    timings.add("next prompt -> model request carrying it", carried["t"] - typed)
 
 
 def test_next_turn_into_opencode_does_not_wake_it_and_its_next_turn_carries_it(

@@ -29,6 +29,7 @@ from crosstalk.a2a.server import A2AServer
 from crosstalk.agent import claims, outbound, replies
 from crosstalk.agent.checkpoints import CheckpointPolicy, Checkpoints, Started, start_pass
 from crosstalk.agent.claims import claim_state
+from crosstalk.agent.followups import FollowingHarness
 from crosstalk.agent.lane import DispatchLane
 from crosstalk.agent.replies import ReplyProgress, reply_state
 from crosstalk.agent.taskgroup import TaskGroup
@@ -155,8 +156,9 @@ class Agent:
             uds_path = uds_path_for(self.registry.home, self.agent_id, self.env)
             binding = Binding(spec.harness.name, spec.session_ref, spec.endpoint,
                               new_instance_id())
+            harness = FollowingHarness(spec.harness, self.group, self.apply_receipt)
             self.receiver = Receiver(agent_id=self.agent_id, journal=self.journal,
-                                     harness=spec.harness, binding=binding, limits=self.limits,
+                                     harness=harness, binding=binding, limits=self.limits,
                                      reply_address=str(uds_path),
                                      target_role=self._target_role, clock=self.clock)
             self.checkpoints = Checkpoints(self.journal, self.agent_id,
@@ -333,9 +335,9 @@ class Agent:
         self.journal_event(ReceiptRecord(id=receipt.message_id, status=receipt.status,
                                          reason=receipt.reason))
         if entry is None or entry.state is not MessageState.UNKNOWN:
-            if receipt.status == "dropped":
-                log.warning("agent %s: %s was dropped by the session after it was taken "
-                            "(%s)", self.agent_id, receipt.message_id, receipt.reason)
+            if receipt.status in ("dropped", "unanswered"):
+                log.warning("agent %s: %s was %s by the session after it was taken (%s)",
+                            self.agent_id, receipt.message_id, receipt.status, receipt.reason)
             return
         try:
             self.receiver.settle_by_receipt(receipt.message_id, receipt.status)

@@ -141,7 +141,7 @@ class MailboxEntry:
     ask: str | None = None
     reply: str | None = None
     #: What the harness said after taking it (Claude's receipt: held, delivered, dropped:<why>,
-    #: denied, expired), the latest one.
+    #: denied, expired; opencode's follow-up: unanswered:<why>), the latest one.
     receipt: str | None = None
 
     @property

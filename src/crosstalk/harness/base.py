@@ -14,8 +14,8 @@ the agent use the typed fields of that record and never probe an object for a me
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from crosstalk.core.message import DeliveryMode, Message
@@ -64,6 +64,12 @@ class Outcome:
     reason: str | None = None
     #: Harness evidence for the state (a Codex turn id, "socket open past grace", ...).
     evidence: str | None = None
+    #: What the harness keeps watching after it answered (opencode: the turn a message joined,
+    #: until the model takes it or the turn ends without it). The agent runs it in its task
+    #: group once the outcome is back and applies the receipt it returns as it applies a late
+    #: Claude receipt (:mod:`crosstalk.agent.followups`); a caller that does not run it loses
+    #: only that later evidence, so it must hold nothing open until it is called.
+    follow_up: FollowUp | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.state not in INJECTION_OUTCOMES:
@@ -186,6 +192,10 @@ class Receipt:
     #: The harness's own id of the frame (Claude's ``msg_id``).
     frame_id: str | None = None
 
+
+#: A harness's later look at a message it answered for (:attr:`Outcome.follow_up`): the
+#: receipt it ends with, or ``None`` when it learned nothing worth journaling.
+FollowUp = Callable[[], Awaitable[Receipt | None]]
 
 #: A control frame that reached an agent's uds ingress, with the peer's pid and start time:
 #: returns the receipts in it that nobody was waiting for (the agent applies them).

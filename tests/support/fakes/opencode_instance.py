@@ -53,6 +53,9 @@ class Behaviour:
     evidence: bool = True
     routes_missing: bool = False
     abort_next: bool = False
+    #: A waking prompt joins a loop that is still running (a tool loop): it is stored, and the
+    #: loop takes it only at :meth:`FakeOpencode.finish_step` (or never: ``abort``).
+    hold_turns: bool = False
     vanish_on_prompt: bool = False
     #: Answer 204, then go away before storing it (disposed: the streams end).
     vanish_after_prompt: bool = False
@@ -166,6 +169,36 @@ class FakeOpencode:
         if not busy:
             self.emit("session.idle", {"sessionID": sid})
 
+    def start_step(self, sid: str) -> str:
+        """A step of a running loop: an assistant message, parented to the latest user
+        message, not finished; the session busy."""
+        users = [m["info"]["id"] for m in self.messages[sid] if m["info"]["role"] == "user"]
+        step = {"id": new_id("msg"), "sessionID": sid, "role": "assistant",
+                "parentID": users[-1] if users else None, "time": {"created": 0}}
+        self.messages[sid].append({"info": step, "parts": []})
+        self.emit("message.updated", {"sessionID": sid, "info": step})
+        if sid not in self.busy:
+            self.set_busy(sid, True)
+        return str(step["id"])
+
+    def finish_step(self, sid: str) -> None:
+        """The running step ends; a user message newer than it forces one more step (which
+        reads it, research §4), then the loop ends."""
+        last = self.messages[sid][-1]["info"]
+        if last["role"] == "user":
+            self.start_step(sid)
+        self.set_busy(sid, False)
+
+    def abort(self, sid: str) -> None:
+        """Esc: the running step fails with ``MessageAbortedError``; the loop ends."""
+        steps = [m["info"] for m in self.messages[sid] if m["info"]["role"] == "assistant"]
+        error = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+        if steps:
+            steps[-1]["error"] = error
+            self.emit("message.updated", {"sessionID": sid, "info": steps[-1]})
+        self.emit("session.error", {"sessionID": sid, "error": error})
+        self.set_busy(sid, False)
+
     def ask_permission(self, sid: str) -> str:
         pid = new_id("per")
         perm = {"id": pid, "sessionID": sid, "permission": "bash", "patterns": ["*"],
@@ -198,6 +231,10 @@ class FakeOpencode:
             self.emit("message.part.updated", {"sessionID": sid, "part": part,
                                                "time": time.time()})
         if body.get("noReply"):
+            return
+        if self.behaviour.hold_turns:
+            if sid not in self.busy:
+                self.start_step(sid)
             return
         self.set_busy(sid, True)
         if self.behaviour.abort_next:

@@ -17,14 +17,21 @@ A 204 only means "taken". The state is ``accepted`` (or ``queued``) only on the 
 event stream's evidence: a ``message.part.updated`` in that session whose part metadata
 carries our message id. The stream is opened, and ``server.connected`` read, before the
 prompt is sent, so the evidence cannot be missed. 204 without evidence in time is ``unknown``;
-a refusal or a failure before sending is ``unreachable`` with why. A stored message whose
-turn was aborted before an answer is ``accepted`` with reason ``opencode_aborted_before_answer``.
+a refusal or a failure before sending is ``unreachable`` with why.
+
+The model has taken a stored message once an assistant message newer than it exists in the
+session (every step re-reads the session, research §4; the step may be parented to a later
+user message). A turn that ends first leaves the message stored but unread until the next
+turn: within :data:`ANSWER_GRACE` that is the outcome's reason
+(``opencode_aborted_before_answer``); later, :func:`follow_turn` (the outcome's follow-up,
+run by the agent) reports it as an ``unanswered`` receipt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +40,7 @@ from typing import Any, Final
 from crosstalk.core.envelope import render_peer
 from crosstalk.core.message import Ingress, Kind
 from crosstalk.core.states import MessageState
-from crosstalk.harness.base import Binding, Delivery, Outcome
+from crosstalk.harness.base import Binding, Delivery, Outcome, Receipt
 from crosstalk.harness.opencode.http import HTTPStatus, Instance, NoAnswer, NotSent
 from crosstalk.harness.opencode.records import InstanceRecord, RecordError
 
@@ -45,8 +52,15 @@ HARNESS: Final = "opencode"
 EVIDENCE_TIMEOUT: Final = 5.0
 #: After a waking message is stored, how long to watch for an abort before any answer. The
 #: sender waits this long when the session is busy (its answer comes at the loop's next step),
-#: so it is short: an abort later than this is not reported (the message stays stored).
+#: so it is short: later news comes from the follow-up (:func:`follow_turn`).
 ANSWER_GRACE: Final = 0.5
+#: How long a follow-up watches a turn that has not taken its message (a tool loop may run
+#: for long; past this the message stays ``accepted``, stored in the session).
+FOLLOW_LIMIT: Final = 3600.0
+#: How a turn that ended without taking the message is told, as a receipt's reason.
+_UNANSWERED: Final = {"aborted": "opencode_aborted_before_answer",
+                      "idle": "opencode_turn_ended_unanswered",
+                      "error": "opencode_turn_failed"}
 
 
 def render(delivery: Delivery) -> str:
@@ -103,8 +117,7 @@ def _turn_end(event: Mapping[str, Any], session_id: str, user_id: str) -> str | 
     kind = event.get("type")
     if kind == "message.updated":
         info = props.get("info")
-        if isinstance(info, dict) and info.get("role") == "assistant" and (
-                info.get("parentID") == user_id):
+        if isinstance(info, dict) and _answers(info, user_id):
             return "answered"
     if kind == "session.error":
         error = props.get("error")
@@ -113,6 +126,16 @@ def _turn_end(event: Mapping[str, Any], session_id: str, user_id: str) -> str | 
     if kind == "session.idle":
         return "idle"
     return None
+
+
+def _answers(info: Mapping[str, Any], user_id: str) -> bool:
+    """Whether the message ``info`` is a step that read ``user_id``: an assistant message
+    parented to it or newer than it (opencode's ids are time-ordered, research §4)."""
+    if info.get("role") != "assistant":
+        return False
+    own = info.get("id")
+    return info.get("parentID") == user_id or (
+        isinstance(own, str) and own[:4] == user_id[:4] and own > user_id)
 
 
 def _refusal(exc: HTTPStatus) -> Outcome:
@@ -175,7 +198,69 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
     state = MessageState.ACCEPTED if delivery.wake else MessageState.QUEUED
     if end == "aborted":
         return Outcome(state, "opencode_aborted_before_answer", f"stored {stored}")
-    return Outcome(state, None, f"stored {stored}" + (f"; {end}" if end else ""))
+    follow_up = None
+    if delivery.wake and end is None and stored:  # the turn has not taken it yet
+        follow_up = functools.partial(follow_turn, socket_path, session_id, message_id,
+                                      stored, env=env)
+    return Outcome(state, None, f"stored {stored}" + (f"; {end}" if end else ""),
+                   follow_up=follow_up)
+
+
+async def follow_turn(socket_path: str, session_id: str, message_id: str, user_id: str, *,
+                      env: Mapping[str, str] | None = None,
+                      limit: float = FOLLOW_LIMIT) -> Receipt | None:
+    """Watch the turn that stored message ``user_id`` until the model takes it (``None``: no
+    news) or the turn ends first (an ``unanswered`` receipt with how it ended). The stream is
+    opened before the session is read, so nothing between the injector's watch and this one
+    is missed; an instance that goes away, or a limit reached, says nothing either way."""
+    try:
+        async with Instance(socket_path, env=env) as api:
+            events = api.events()
+            try:
+                first = await asyncio.wait_for(anext(events), EVIDENCE_TIMEOUT)
+                if first.get("type") != "server.connected":
+                    return None
+                end = await _settled_now(api, session_id, user_id)
+                if end is None:
+                    end = await asyncio.wait_for(
+                        _turn_settles(events, session_id, user_id), limit)
+            finally:
+                await events.aclose()
+    except (NotSent, NoAnswer, HTTPStatus, TimeoutError, StopAsyncIteration) as exc:
+        log.info("opencode follow-up of %s: %s", message_id, getattr(exc, "reason", exc))
+        return None
+    if end not in _UNANSWERED:
+        return None
+    return Receipt(message_id, "unanswered", _UNANSWERED[end], frame_id=user_id)
+
+
+async def _settled_now(api: Instance, session_id: str, user_id: str) -> str | None:
+    """How the turn stands in the session as stored now: ``answered``, how it ended without
+    the message (the session not busy and no step after it), or ``None`` (still running)."""
+    rows = await api.get(f"/session/{session_id}/message", {"limit": "50"})
+    infos = [row["info"] for row in rows if isinstance(row, dict)
+             and isinstance(row.get("info"), dict)] if isinstance(rows, list) else []
+    if any(_answers(info, user_id) for info in infos):
+        return "answered"
+    status = await api.get("/session/status")  # active sessions only (research §3)
+    state = status.get(session_id) if isinstance(status, dict) else None
+    if isinstance(state, dict) and state.get("type") != "idle":
+        return None  # busy (or retrying): the loop may still take it
+    last = next((i for i in reversed(infos) if i.get("role") == "assistant"), None)
+    error = last.get("error") if last is not None else None
+    aborted = isinstance(error, dict) and error.get("name") == "MessageAbortedError"
+    return "aborted" if aborted else "idle"
+
+
+async def _turn_settles(events: AsyncIterator[dict[str, Any]], session_id: str,
+                        user_id: str) -> str | None:
+    async for event in events:
+        if event.get("type") == "server.instance.disposed":
+            return None
+        end = _turn_end(event, session_id, user_id)
+        if end is not None:
+            return end
+    return None
 
 
 async def _watch(events: AsyncIterator[dict[str, Any]], session_id: str, message_id: str,
