@@ -50,22 +50,21 @@ from tests.live.support.steps import model_calls, unique
 pytestmark = pytest.mark.live
 
 
-def claude_calls(world: World, session_id: str, tool: str, **arguments: object) -> str:
-    """A mock rule: Claude's model answers the returned trigger by calling CrossTalk's
-    ``tool``, then says it did. Returns the trigger."""
+def claude_does(world: World, alpha: LiveClaude, tool: str,
+                **arguments: object) -> tuple[dict[str, Any], float]:
+    """Claude's model calls CrossTalk's ``tool`` (a mock rule its user's prompt triggers);
+    returns the JSON the call answered and when the prompt was typed (wall clock)."""
     trigger = unique("GO")
-    world.mock.add_rules({"id": f"cl-{trigger}", "match": trigger, "session": session_id,
+    world.mock.add_rules({"id": f"cl-{trigger}", "match": trigger,
+                          "session": alpha.session_id,
                           "tool_use": {"name": f"mcp__crosstalk__{tool}", "input": arguments},
                           "then": {"text": f"called {tool}"}})
-    return trigger
-
-
-def claude_result(alpha: LiveClaude, after: int) -> dict[str, Any]:
-    """The JSON the last CrossTalk call of ``alpha`` answered (its tool_result)."""
+    after, typed = alpha.last_seq(), time.time()
+    alpha.send_keys(f"{trigger} {tool}")
     entry = alpha.wait_for_request(lambda e: bool(tool_results(e)), timeout=60, after=after)
     (block,) = tool_results(entry)
     got: dict[str, Any] = json.loads(message_text({"content": block.get("content")}))
-    return got
+    return got, typed
 
 
 def test_claude_wakes_an_idle_opencode_tui_session_and_opencode_answers_by_name(
@@ -88,10 +87,7 @@ def test_claude_wakes_an_idle_opencode_tui_session_and_opencode_answers_by_name(
     wait_oc_idle(tui, sid)
 
     text = unique("CLAUDE-TO-OPENCODE")
-    trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text)
-    after, sent = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} tell oc")
-    result = claude_result(alpha, after)
+    result, sent = claude_does(world, alpha, "send_message", to=oc["name"], text=text)
     assert result.get("state") == "accepted", result
     got = wait_oc_request(ow, sid, text, after=sent)
     timings.add("claude send -> opencode model request (idle: woken)", got["t"] - sent)
@@ -131,10 +127,7 @@ def test_a_busy_opencode_session_gets_claudes_message_at_its_next_step(
     tui.type(match)
     asked, _, held = answered_call(ow, "loop")  # the request step 2 answers (held)
     text = unique("MID-LOOP")
-    trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text)
-    after, sent = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} tell oc")
-    result = claude_result(alpha, after)
+    result, sent = claude_does(world, alpha, "send_message", to=oc["name"], text=text)
     assert result.get("state") == "accepted", result
     timings.add("claude send -> accepted while opencode is busy", time.time() - sent)
     assert not any(text in json.dumps(e.get("body")) for e in ow.entries()), \
@@ -170,10 +163,7 @@ def test_a_message_a_loop_never_took_is_reported_when_the_user_aborts_the_loop(
     tui.type(match)
     answered_call(ow, "abort-loop")  # step 2's request is in flight, held by the gate
     text = unique("NEVER-TAKEN")
-    trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text)
-    after = alpha.last_seq()
-    alpha.send_keys(f"{trigger} tell oc")
-    result = claude_result(alpha, after)
+    result, _ = claude_does(world, alpha, "send_message", to=oc["name"], text=text)
     assert result.get("state") == "accepted", result
     mid = str(result["message_id"])
     time.sleep(1.5)  # well past the injector's grace: only the follow-up can tell now
@@ -207,11 +197,8 @@ def test_next_turn_into_opencode_does_not_wake_it_and_its_next_turn_carries_it(
     alpha, _, tui, sid, oc = ready_pair(world, ow)
 
     text = unique("NEXT-TURN")
-    trigger = claude_calls(world, alpha.session_id, "send_message", to=oc["name"], text=text,
-                           delivery="next_turn")
-    after, sent = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} tell oc later")
-    result = claude_result(alpha, after)
+    result, sent = claude_does(world, alpha, "send_message", to=oc["name"], text=text,
+                               delivery="next_turn")
     assert result.get("state") == "queued", result
     timings.add("claude next_turn send -> queued", time.time() - sent)
     time.sleep(3)  # a woken session would have asked its model by now
@@ -245,10 +232,7 @@ def test_ask_and_reply_between_opencode_and_claude_both_ways(
                        "tool_call": {"name": "crosstalk_reply",
                                      "arguments": {"message_id": "{{mid}}", "text": answer}},
                        "then": {"text": "replied"}})
-    trigger = claude_calls(world, alpha.session_id, "ask", to=oc["name"], text=question)
-    after, sent = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} ask oc")
-    asked = claude_result(alpha, after)
+    asked, sent = claude_does(world, alpha, "ask", to=oc["name"], text=question)
     assert asked.get("state") == "accepted", asked
     got = wait_oc_request(ow, sid, question, after=sent)
     assert 'kind="ask"' in last_user_of(got)
@@ -299,10 +283,8 @@ def test_opencode_claude_and_codex_list_each_other_and_opencode_sends_to_codex(
     assert by_name[oc["name"]]["crosstalk"] is True, by_name[oc["name"]]
     assert by_name[oc["name"]]["harness"] == "opencode"
 
-    trigger = claude_calls(world, alpha.session_id, "list_agents")
-    after = alpha.last_seq()
-    alpha.send_keys(f"{trigger} list")
-    listed_a = {a["name"]: a for a in claude_result(alpha, after)["agents"]}
+    done, _ = claude_does(world, alpha, "list_agents")
+    listed_a = {a["name"]: a for a in done["agents"]}
     assert listed_a[oc["name"]]["crosstalk"] is True, listed_a[oc["name"]]
 
     go = unique("OCLIST")
@@ -460,10 +442,8 @@ def test_crosstalk_install_registers_tui_sessions_and_uninstall_restores_the_con
     alpha.wait_named()
     alpha.wait_mcp_connected()
     alpha.wait_idle()
-    trigger = claude_calls(world, alpha.session_id, "list_agents")
-    after = alpha.last_seq()
-    alpha.send_keys(f"{trigger} list")
-    listed = {a["name"]: a for a in claude_result(alpha, after)["agents"]}
+    done, _ = claude_does(world, alpha, "list_agents")
+    listed = {a["name"]: a for a in done["agents"]}
     assert listed[oc["name"]]["crosstalk"] is True, listed[oc["name"]]
     assert listed[oc["name"]]["harness"] == "opencode"
 
@@ -489,20 +469,15 @@ def test_an_opencode_without_crosstalks_entry_is_listed_and_gets_informs_nativel
     alpha.wait_idle()
     wait_oc_idle(tui, sid)
 
-    trigger = claude_calls(world, alpha.session_id, "list_agents")
-    after = alpha.last_seq()
-    alpha.send_keys(f"{trigger} list")
-    rows = [a for a in claude_result(alpha, after)["agents"] if a["harness"] == "opencode"]
+    done, _ = claude_does(world, alpha, "list_agents")
+    rows = [a for a in done["agents"] if a["harness"] == "opencode"]
     assert len(rows) == 1, rows
     (row,) = rows
     assert row["crosstalk"] is False, row
     assert oc_descriptors(world) == []
 
     text = unique("INFORM-TO-BARE")
-    trigger = claude_calls(world, alpha.session_id, "send_message", to=row["name"], text=text)
-    after, sent = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} tell it")
-    result = claude_result(alpha, after)
+    result, sent = claude_does(world, alpha, "send_message", to=row["name"], text=text)
     assert result.get("state") == "accepted", result
     got = wait_oc_request(ow, sid, text, after=sent)
     timings.add("claude send -> opencode (no CrossTalk) model request", got["t"] - sent)
