@@ -21,19 +21,17 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.live.conftest import Timings
 from tests.live.support.claude import (
-    LiveClaude,
     World,
     is_main,
     last_user_text,
-    tool_results,
     wait_for,
 )
 from tests.live.support.codex import CodexWorld, output_json, request_text
 from tests.live.support.extras import ENVELOPE, journal
-from tests.live.support.mock_api import message_text
 from tests.live.support.opencode import OpencodeWorld, UnixHttp
 from tests.live.support.opencode_steps import (
     answered_call,
+    claude_does,
     first_session,
     last_user_of,
     oc_descriptor,
@@ -48,23 +46,6 @@ from tests.live.support.opencode_steps import (
 from tests.live.support.steps import model_calls, unique
 
 pytestmark = pytest.mark.live
-
-
-def claude_does(world: World, alpha: LiveClaude, tool: str,
-                **arguments: object) -> tuple[dict[str, Any], float]:
-    """Claude's model calls CrossTalk's ``tool`` (a mock rule its user's prompt triggers);
-    returns the JSON the call answered and when the prompt was typed (wall clock)."""
-    trigger = unique("GO")
-    world.mock.add_rules({"id": f"cl-{trigger}", "match": trigger,
-                          "session": alpha.session_id,
-                          "tool_use": {"name": f"mcp__crosstalk__{tool}", "input": arguments},
-                          "then": {"text": f"called {tool}"}})
-    after, typed = alpha.last_seq(), time.time()
-    alpha.send_keys(f"{trigger} {tool}")
-    entry = alpha.wait_for_request(lambda e: bool(tool_results(e)), timeout=60, after=after)
-    (block,) = tool_results(entry)
-    got: dict[str, Any] = json.loads(message_text({"content": block.get("content")}))
-    return got, typed
 
 
 def test_claude_wakes_an_idle_opencode_tui_session_and_opencode_answers_by_name(

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -318,8 +318,9 @@ class OpencodeWorld:
 
     # -- processes -------------------------------------------------------------------------
 
-    def tui(self, name: str, cwd: Path | None = None) -> OpencodeTui:
-        tui = OpencodeTui(self, name, cwd or self.project(name))
+    def tui(self, name: str, cwd: Path | None = None, args: Sequence[str] = ()) -> OpencodeTui:
+        """``opencode [args]`` in tmux (``args=("attach", url)``: a TUI client of a server)."""
+        tui = OpencodeTui(self, name, cwd or self.project(name), args)
         self.processes.append(tui)
         return tui
 
@@ -456,8 +457,9 @@ class _Process:
 class OpencodeTui(_Process):
     """An interactive ``opencode`` (no ``--port``: no TCP listener) in its own tmux server."""
 
-    def __init__(self, world: OpencodeWorld, name: str, cwd: Path) -> None:
-        self.world, self.name, self.cwd = world, name, cwd
+    def __init__(self, world: OpencodeWorld, name: str, cwd: Path,
+                 args: Sequence[str] = ()) -> None:
+        self.world, self.name, self.cwd, self.args = world, name, cwd, tuple(args)
         self.tmux_socket = world.root / f"tmux-{name}.sock"
         self.pid = None
         self._children = set()
@@ -473,7 +475,8 @@ class OpencodeTui(_Process):
     def start(self, timeout: float = 90.0) -> OpencodeTui:
         """Start it and wait for the input box (the instance has bootstrapped then)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.world.env().items())
-        command = f"exec env -i {env} {shlex.quote(str(self.world.binary))}"
+        command = " ".join(["exec env -i", env, shlex.quote(str(self.world.binary)),
+                            *map(shlex.quote, self.args)])
         done = subprocess.run(
             self.world.netns.argv("tmux", "-S", str(self.tmux_socket), "new-session", "-d",
                                   "-s", "oc", "-x", "160", "-y", "45", "-c", str(self.cwd),

@@ -11,7 +11,8 @@ import json
 import time
 from typing import Any
 
-from tests.live.support.claude import Entry, LiveClaude, World, wait_for
+from tests.live.support.claude import Entry, LiveClaude, World, tool_results, wait_for
+from tests.live.support.mock_api import message_text as claude_text
 from tests.live.support.mock_chat import last_user, message_text, messages
 from tests.live.support.opencode import OpencodeTui, OpencodeWorld
 from tests.live.support.steps import unique
@@ -154,3 +155,20 @@ def ready_pair(world: World, ow: OpencodeWorld) -> tuple[LiveClaude, dict[str, A
     alpha.wait_idle()
     wait_oc_idle(tui, sid)
     return alpha, alpha.wait_descriptor(), tui, sid, oc
+
+
+def claude_does(world: World, alpha: LiveClaude, tool: str,
+                **arguments: object) -> tuple[dict[str, Any], float]:
+    """Claude's model calls CrossTalk's ``tool`` (a mock rule its user's prompt triggers);
+    returns the JSON the call answered and when the prompt was typed (wall clock)."""
+    trigger = unique("GO")
+    world.mock.add_rules({"id": f"cl-{trigger}", "match": trigger,
+                          "session": alpha.session_id,
+                          "tool_use": {"name": f"mcp__crosstalk__{tool}", "input": arguments},
+                          "then": {"text": f"called {tool}"}})
+    after, typed = alpha.last_seq(), time.time()
+    alpha.send_keys(f"{trigger} {tool}")
+    entry = alpha.wait_for_request(lambda e: bool(tool_results(e)), timeout=60, after=after)
+    (block,) = tool_results(entry)
+    got: dict[str, Any] = json.loads(claude_text({"content": block.get("content")}))
+    return got, typed
