@@ -47,6 +47,7 @@ async def test_doctor_reads_records_as_the_harness_does(tmp_path: Path) -> None:
                               str(tmp_path / "state")).start()
     try:
         idle, busy = live.add_session("idle one"), live.add_session("busy one")
+        live.sessions[idle]["time"]["updated"] = 1000  # stored before this process published
         live.set_busy(busy, True)
         me = os.getpid()
         write_record(records, me, "/w/b", process_start="1")  # its process is gone
