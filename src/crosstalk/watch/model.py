@@ -158,7 +158,8 @@ class Board:
             root = parent
         if root is None:
             return []
-        out, todo = [], [root]
+        out: list[MessageView] = []
+        todo = [root]
         while todo:
             m = todo.pop(0)
             if m.message_id in {o.message_id for o in out}:
