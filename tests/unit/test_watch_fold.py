@@ -55,7 +55,8 @@ def test_a_message_s_states_fold_in_order_each_a_change() -> None:
     assert [st.seq for st in view.steps] == [1, 2, 3]
     assert (view.sender_label, view.to_name, view.verified) == ("alice", "bob", True)
     assert changes[-1].line.endswith("alice → bob ask accepted (injected) «which?»")
-    assert changes[0].data["text"] == "which?" and "text" not in changes[1].data
+    assert changes[0].data["text"] == "which?"
+    assert "text" not in changes[1].data
     assert len(view.records) == 3
 
 
@@ -65,12 +66,14 @@ def test_an_ask_opens_with_its_deadline_then_is_answered() -> None:
     f.take(BOB, s(MessageSubmitted(id="m1", sender=ALICE, kind="ask", text="q")), live=True)
     opened = f.take(BOB, s(AskOpened(id="m1", deadline_at=5000.0)), live=True)
     assert board.messages["m1"].ask_deadline == 5000.0
-    assert opened[0].kind == "ask" and opened[0].data["ask"] == "open"
+    assert opened[0].kind == "ask"
+    assert opened[0].data["ask"] == "open"
     answered = f.take(BOB, s(AskEnded(id="m1", state=AskState.ANSWERED, reply="42")),
                       live=True)
     view = board.messages["m1"]
     assert (view.ask_state, view.ask_deadline, view.reply_text) == ("answered", None, "42")
-    assert answered[0].data["reply"] == "42" and "«42»" in answered[0].line
+    assert answered[0].data["reply"] == "42"
+    assert "«42»" in answered[0].line
 
 
 def test_unverified_sender_final_arrivals_and_receipts() -> None:

@@ -47,12 +47,14 @@ def test_reads_every_journal_then_only_what_was_appended(tmp_path: Path) -> None
     write(d, A, 3)
     f = follower(d)
     batches, notices = f.poll()
-    assert seqs(batches) == [1, 2, 3] and not notices
+    assert seqs(batches) == [1, 2, 3]
+    assert not notices
     assert f.poll() == ([], [])
     write(d, A, 2, start=4)
     write(d, B, 1)
     batches, _ = f.poll()
-    assert seqs(batches, A) == [4, 5] and seqs(batches, B) == [1]
+    assert seqs(batches, A) == [4, 5]
+    assert seqs(batches, B) == [1]
     assert all(b.whole for b in batches)
 
 
@@ -62,8 +64,10 @@ def test_a_first_look_reads_only_the_tail_from_a_whole_line(tmp_path: Path) -> N
     line = len((d / f"{A}.jsonl").read_bytes()) // 200
     batches, notices = follower(d, tail=line * 10 + 7).poll()
     got = seqs(batches)
-    assert got == list(range(got[0], 201)) and 9 <= len(got) <= 11
-    assert not notices and not batches[0].whole
+    assert got == list(range(got[0], 201))
+    assert 9 <= len(got) <= 11
+    assert not notices
+    assert not batches[0].whole
 
 
 def test_a_damaged_line_is_one_notice_and_the_rest_is_read(tmp_path: Path) -> None:
@@ -75,7 +79,8 @@ def test_a_damaged_line_is_one_notice_and_the_rest_is_read(tmp_path: Path) -> No
     f = follower(d)
     batches, notices = f.poll()
     assert seqs(batches) == [1, 2, 3]
-    assert len(notices) == 1 and "damaged line" in notices[0].what
+    assert len(notices) == 1
+    assert "damaged line" in notices[0].what
     assert "checksum" in notices[0].what
     assert f.poll() == ([], [])
 
@@ -91,12 +96,14 @@ def test_a_torn_tail_waits_then_is_told_once_and_reading_goes_on(tmp_path: Path)
     assert f.poll() == ([], [])  # a writer may be mid-write
     clock.now += TORN_GRACE
     _, notices = f.poll()
-    assert len(notices) == 1 and "torn line" in notices[0].what
+    assert len(notices) == 1
+    assert "torn line" in notices[0].what
     clock.now += TORN_GRACE
     assert f.poll()[1] == []
     write(d, A, 1, start=2)  # the owner's next append cuts the fragment off
     batches, notices = f.poll()
-    assert seqs(batches) == [2] and not notices
+    assert seqs(batches) == [2]
+    assert not notices
 
 
 def test_a_file_replaced_under_the_reader_is_read_anew_without_repeats(tmp_path: Path) -> None:
@@ -111,7 +118,8 @@ def test_a_file_replaced_under_the_reader_is_read_anew_without_repeats(tmp_path:
         encode_line({"subject": "nudge", "peer": "p", "count": 1, "seq": s}) for s in (6, 7)))
     os.replace(new, path)
     batches, notices = f.poll()
-    assert seqs(batches) == [6, 7] and not notices
+    assert seqs(batches) == [6, 7]
+    assert not notices
 
 
 def test_a_vanished_journal_is_a_notice_and_the_others_go_on(tmp_path: Path) -> None:
@@ -124,7 +132,8 @@ def test_a_vanished_journal_is_a_notice_and_the_others_go_on(tmp_path: Path) -> 
     write(d, B, 1, start=2)
     batches, notices = f.poll()
     assert seqs(batches) == [2]
-    assert len(notices) == 1 and "vanished" in notices[0].what
+    assert len(notices) == 1
+    assert "vanished" in notices[0].what
     assert f.agents == [B]
 
 
@@ -134,7 +143,8 @@ def test_an_unreadable_journal_is_told_once_and_retried(tmp_path: Path) -> None:
     path.mkdir()  # unreadable as a journal for every user, root too
     f = follower(d)
     _, notices = f.poll()
-    assert len(notices) == 1 and "cannot read" in notices[0].what
+    assert len(notices) == 1
+    assert "cannot read" in notices[0].what
     assert f.poll() == ([], [])
     path.rmdir()
     write(d, A, 1)
