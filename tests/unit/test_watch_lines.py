@@ -86,3 +86,15 @@ def test_a_sessions_source_that_fails_is_a_notice_not_an_end(tmp_path: Path) -> 
     assert changes[0].kind == "notice"
     assert "discovery fell over" in changes[0].line
     assert [c.kind for c in changes[1:]] == ["message"]
+
+
+def test_a_gone_agent_is_named_by_what_it_sent(tmp_path: Path) -> None:
+    home = home_with_a_message(tmp_path)
+    bob = Sender(agent_id=BOB, name="bob", ingress=Ingress.A2A)
+    assert ALICE.agent_id is not None
+    with Journal(home / "journal" / f"{ALICE.agent_id}.jsonl") as j:
+        j.append(MessageSubmitted(id="m2", sender=bob, text="hi alice").to_dict())
+    feed = Feed(home, sessions=list)
+    lines = [plain(c) for c in feed.poll()]
+    assert any(line.endswith("alice → bob inform accepted «hello bob»") for line in lines)
+    assert any(line.endswith("bob → alice inform submitted «hi alice»") for line in lines)

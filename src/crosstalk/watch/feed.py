@@ -64,7 +64,7 @@ class Feed:
         self._clock = clock
         self._rows = sessions if sessions is not None else _directory_rows(home, env)
         self._names: dict[str, str] = {}
-        self._fold = MessageFold(self.board, self._names.get)
+        self._fold = MessageFold(self.board, self._names.get, self._heard)
         self._journals = JournalFollower(
             home / "journal", min(history, START_MESSAGES) * BYTES_PER_MESSAGE, clock=clock)
         self._sessions_read_at: float | None = None
@@ -109,6 +109,12 @@ class Feed:
         for view in self.board.messages.values():
             if view.to_agent == agent_id and view.to_name is None:
                 view.to_name = name
+
+    def _heard(self, agent_id: str, name: str) -> None:
+        """A verified sender's name: used for an agent no live session names (a live
+        session's name is current; a message's may be from before a rename)."""
+        if agent_id not in self.board.sessions:
+            self._named(agent_id, name)
 
     # -- journals -------------------------------------------------------------------------
 
@@ -197,7 +203,7 @@ def start_change(view: MessageView) -> Change:
     """A message as the start state shows it: one change, its latest state."""
     ts = view.steps[-1].ts if view.steps else 0.0
     reason = f" ({view.reason})" if view.reason else ""
-    ask = f" ask {view.ask_state}" if view.ask_state else ""
-    receipt = f" receipt {view.receipt}" if view.receipt else ""
+    ask = f"; ask {view.ask_state}" if view.ask_state else ""
+    receipt = f"; receipt {view.receipt}" if view.receipt else ""
     return message_change("message", view, ts,
                           f"{view.state}{reason}{ask}{receipt} {quote(view.text)}")

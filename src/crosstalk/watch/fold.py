@@ -126,9 +126,13 @@ def _state_words(view: MessageView) -> str:
 class MessageFold:
     """Folds one record at a time into ``board`` and says what changed."""
 
-    def __init__(self, board: Board, name_of: NameOf) -> None:
+    def __init__(self, board: Board, name_of: NameOf,
+                 learn: Callable[[str, str], None] | None = None) -> None:
+        """``learn(agent_id, name)`` hears each verified sender's name: a journal whose agent
+        is gone is still shown by name when that agent sent a message."""
         self.board = board
         self.name_of = name_of
+        self._learn = learn
         self._report = True
 
     def take(self, agent_id: str, raw: Mapping[str, Any], *, live: bool,
@@ -170,6 +174,8 @@ class MessageFold:
     def _arrived(self, agent_id: str, rec: MessageSubmitted | MessageFinal,
                  raw: Mapping[str, Any], ts: float) -> list[Change]:
         sender = rec.sender
+        if self._learn is not None and sender.agent_id and sender.name:
+            self._learn(sender.agent_id, sender.name)
         view = self.board.messages.get(rec.id)
         if view is None:
             view = MessageView(
