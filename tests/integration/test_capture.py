@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -17,12 +18,22 @@ from typing import Any
 
 import pytest
 
+from crosstalk import proc
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.capture.tap import MAX_CAPTURES
 from crosstalk.config import uds_key_path
+from crosstalk.core.ids import new_message_id
+from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.core.states import MessageState
+from crosstalk.harness.base import Binding, Delivery
+from crosstalk.harness.claude import Injector
+from crosstalk.harness.claude.receipts import Tracker
+from crosstalk.harness.claude.registry import ClaudeSession
+from crosstalk.harness.codex import CodexHarness, control_socket
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
+from tests.support.fakes.codex_app_server import fake_app_server
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -257,3 +268,101 @@ async def test_a_wrong_key_is_refused(pair: tuple[Agent, Agent]) -> None:
     writer.close()
     assert (answer["state"], answer["reason"]) == ("rejected", "auth_failed")
     assert not b.tap.subscribers
+
+
+async def test_claude_inbox_frames_and_receipts_are_captured_without_the_peer_token(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """An injection into a Claude-like inbox (never a byte back; a ``held`` receipt sent to
+    the frame's ``from``, the agent's real uds ingress): the frame written, what the socket
+    proved, the receipt as a uds line and as read, and no ``peerToken`` anywhere."""
+    tracker = Tracker()
+    reg = Registry(tmp_path / "state")
+    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env,
+              control_sinks=[tracker.on_control])
+    await b.start()
+    short = Path(tempfile.mkdtemp(prefix="ct-cap-", dir="/tmp"))
+    inbox_path = short / "inbox.sock"
+
+    async def inbox(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.read()
+        writer.close()
+        frame = json.loads(data.decode().splitlines()[-1])
+        receipt = {"type": "control", "action": "peer_message_status", "status": "held",
+                   "orig_msg_id": frame["msg_id"], "msgV": 1}
+        _, w = await asyncio.open_unix_connection(frame["from"].removeprefix("uds:"))
+        w.write(json.dumps(receipt).encode() + b"\n")
+        w.write_eof()
+        w.close()
+
+    server = await asyncio.start_unix_server(inbox, str(inbox_path))
+    peer_token = secrets.token_hex(16)
+    session = ClaudeSession(pid=os.getpid(), session_id="sess-1", config_dir=tmp_path,
+                            record_path=tmp_path / "sessions" / f"{os.getpid()}.json",
+                            messaging_socket_path=str(inbox_path),
+                            proc_start=proc.process_start_time(os.getpid()),
+                            pid_domain=proc.pid_domain())
+    assert session.key_path is not None
+    session.key_path.parent.mkdir(parents=True)
+    session.key_path.write_text(json.dumps({"peerToken": peer_token}))
+    session.key_path.chmod(0o600)
+    try:
+        capture = await Capture.start(tmp_path / "state", "bob")
+        assert b.uds is not None
+        msg = Message(message_id=new_message_id(), text="into claude",
+                      sender=Sender(agent_id="a" * 16, name="alice", ingress=Ingress.A2A))
+        out = await Injector(tracker=tracker, grace=2.0).deliver(
+            session, Delivery(msg, str(b.uds.path)), from_address=str(b.uds.path),
+            session_id="sess-1")
+        assert (out.state, out.reason) == (MessageState.UNKNOWN, "held_for_approval")
+        await eventually(lambda: capture.where("claude_receipt"), what="the receipt")
+        code, err = await capture.stop()
+    finally:
+        server.close()
+        await b.stop()
+    assert code == 0, err
+    auth, user = (f["frame"] for f in capture.where("claude_inbox", "out"))
+    assert auth == {"type": "auth", "token": "[redacted]"}
+    assert user["session_id"] == "sess-1"
+    assert "into claude" in user["message"]["content"]
+    (proved,) = capture.where("claude_inbox", "in")
+    assert proved["frame"]["inbox_result"] == "accepted"
+    assert any(f["frame"].get("action") == "peer_message_status"
+               for f in capture.where("uds", "in"))
+    (receipt,) = capture.where("claude_receipt", "in")
+    assert receipt["frame"]["status"] == "held"
+    assert receipt["frame"]["message_id"] == msg.message_id
+    assert peer_token not in "".join(capture.raw) + err
+
+
+async def test_codex_json_rpc_for_the_agents_thread_is_captured(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """Codex traffic is tagged by thread: the ``turn/start`` for this agent's thread and its
+    answer appear; ``initialize`` and the loaded-thread probe (no thread) do not."""
+    codex_home = Path(tempfile.mkdtemp(prefix="ct-cx-", dir="/tmp"))
+    async with fake_app_server(Path(control_socket({"CODEX_HOME": str(codex_home)}))) as srv:
+        thread = srv.add("worker", cwd="/w")
+        reg = Registry(tmp_path / "state")
+        agent = Agent(reg, AgentSpec(FakeHarness(name="codex"), thread.id, "/w", "worker"),
+                      env=env)
+        await agent.start()
+        try:
+            capture = await Capture.start(tmp_path / "state", "worker")
+            msg = Message(message_id=new_message_id(), text="from alice",
+                          sender=Sender(agent_id="a" * 16, name="alice", ingress=Ingress.A2A))
+            out = await CodexHarness(thread.id, lambda: [str(srv.path)], timeout=2.0).inject(
+                Binding("codex", thread.id, None, "inst"), Delivery(msg))
+            assert out.state is MessageState.ACCEPTED
+            await eventually(lambda: capture.where("codex_rpc", "in"), what="the answer")
+            code, err = await capture.stop()
+        finally:
+            await agent.stop()
+    assert code == 0, err
+    (request,) = [f["frame"] for f in capture.where("codex_rpc", "out")]
+    assert request["method"] == "turn/start"
+    assert request["params"]["threadId"] == thread.id
+    assert "from alice" in request["params"]["input"][0]["text"]
+    answers = [f["frame"] for f in capture.where("codex_rpc", "in") if "result" in f["frame"]]
+    assert answers[0]["id"] == request["id"]
+    assert answers[0]["result"]["turn"]["id"] == thread.turn
+    assert not any(f["frame"].get("method") in ("initialize", "thread/loaded/list")
+                   for f in capture.where("codex_rpc"))
