@@ -8,7 +8,7 @@ import json
 import pytest
 
 from crosstalk.capture.redact import Redactor
-from crosstalk.capture.stream import lines
+from crosstalk.capture.stream import lines, render
 from crosstalk.capture.tap import (
     MAX_CAPTURES,
     CaptureRefused,
@@ -114,14 +114,28 @@ def test_the_process_registry_finds_a_tap_by_agent_or_address_and_counts() -> No
 def test_queued_frames_print_redacted_with_their_extras() -> None:
     frame = Frame(1.5, "agent", "claude_inbox", "out",
                   b'{"type":"auth","token":"t0k"}\n{"type":"user"}\n',
-                  {"inbox": "/tmp/x.sock", "attempt": 1})
-    out = list(lines(frame, 7, "agent", Redactor(), 2.0))
+                  {"inbox": "/tmp/x.sock", "attempt": 1}, seq=7)
+    out = list(lines(frame, "agent", Redactor(), 2.0))
     assert [o["frame"] for o in out] == [{"type": "auth", "token": "[redacted]"},
                                          {"type": "user"}]
     assert all(o["seq"] == 7 and o["inbox"] == "/tmp/x.sock" and o["attempt"] == 1
                and o["ts"].startswith("1970-01-01T00:00:01.5") for o in out)
-    lost = list(lines(Lost(3), 8, "agent", Redactor(), 2.0))
-    assert lost == [{"ts": "1970-01-01T00:00:02.000000+00:00", "seq": 8, "agent": "agent",
+    lost = list(lines(Lost(3), "agent", Redactor(), 2.0))
+    assert lost == [{"ts": "1970-01-01T00:00:02.000000+00:00", "agent": "agent",
                      "source": "capture", "event": "dropped", "dropped": 3}]
     json.dumps(out + lost)
 
+
+
+def test_a_frame_is_rendered_once_for_every_capture_and_numbered_by_the_tap() -> None:
+    tap = Tap("agent")
+    one, two = tap.subscribe(), tap.subscribe()
+    tap.emit("uds", "in", '{"type":"user"}\n')
+    tap.emit("uds", "out", '{"type":"ack"}\n')
+    first, second = (f for f in one._queue if isinstance(f, Frame))
+    assert (first.seq, second.seq) == (1, 2)
+    assert next(iter(two._queue)) is first  # one frame object, shared
+    rendered = render(first, "agent", Redactor(), 0.0)
+    assert first.rendered is rendered
+    assert render(first, "agent", Redactor(["never-used-now"]), 0.0) is rendered
+    assert json.loads(rendered)["seq"] == 1

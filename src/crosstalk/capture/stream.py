@@ -8,8 +8,9 @@ the agent stops:
 - ``{"type":"capture_started","agent":<agent_id>,"max_captures":4}``, then one line per frame:
   ``{"ts","seq","agent","source","direction","frame",...}`` (``frame`` the frame as JSON, or
   its text; an NDJSON payload of several lines is one line each, with the same ``seq``);
-- ``{"ts","seq","agent","source":"capture","event":"dropped","dropped":N}`` where this
-  capture lost ``N`` frames because it read too slowly;
+- ``{"ts","agent","source":"capture","event":"dropped","dropped":N}`` where this capture
+  lost ``N`` frames because it read too slowly (``seq`` counts the agent's frames, so the
+  gap says where);
 - or, instead of ``capture_started``, the ingress's usual ack line ``{"type":"ack",
   "state":"rejected","reason":"too_many_captures"}`` and the connection closes.
 
@@ -42,15 +43,15 @@ def iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="microseconds")
 
 
-def lines(item: Frame | Lost, seq: int, agent: str, redactor: Redactor,
+def lines(item: Frame | Lost, agent: str, redactor: Redactor,
           now: float) -> Iterator[dict[str, Any]]:
     """What one queued item prints as, redacted."""
     if isinstance(item, Lost):
-        yield {"ts": iso(now), "seq": seq, "agent": agent, "source": "capture",
-               "event": "dropped", "dropped": item.count}
+        yield {"ts": iso(now), "agent": agent, "source": "capture", "event": "dropped",
+               "dropped": item.count}
         return
     for frame in redactor.frames(item.raw):
-        line: dict[str, Any] = {"ts": iso(item.ts), "seq": seq, "agent": item.agent,
+        line: dict[str, Any] = {"ts": iso(item.ts), "seq": item.seq, "agent": item.agent,
                                 "source": item.source, "direction": item.direction,
                                 "frame": frame}
         if item.extra:
@@ -61,6 +62,15 @@ def lines(item: Frame | Lost, seq: int, agent: str, redactor: Redactor,
 
 def encode(line: dict[str, Any]) -> bytes:
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def render(item: Frame | Lost, agent: str, redactor: Redactor, now: float) -> bytes:
+    """The bytes one queued item prints as; a frame's are made once for every capture."""
+    if isinstance(item, Lost):
+        return b"".join(encode(line) for line in lines(item, agent, redactor, now))
+    if item.rendered is None:
+        item.rendered = b"".join(encode(line) for line in lines(item, agent, redactor, now))
+    return item.rendered
 
 
 async def serve(tap: Tap, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -89,7 +99,6 @@ async def serve(tap: Tap, reader: asyncio.StreamReader, writer: asyncio.StreamWr
 
 async def _pump(tap: Tap, sub: Subscription, writer: asyncio.StreamWriter,
                 gone: asyncio.Future[bytes]) -> None:
-    seq = 0
     while True:
         got = asyncio.ensure_future(sub.get())
         either: set[asyncio.Future[Any]] = {got, gone}
@@ -103,10 +112,7 @@ async def _pump(tap: Tap, sub: Subscription, writer: asyncio.StreamWriter,
         # The secrets are read now: the credential is issued after the ingress starts.
         redactor = Redactor(tap.secrets)
         now = tap.clock()
-        for item in items:
-            seq += 1
-            for line in lines(item, seq, tap.agent_id, redactor, now):
-                writer.write(encode(line))
+        writer.write(b"".join(render(item, tap.agent_id, redactor, now) for item in items))
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):
                 await writer.drain()

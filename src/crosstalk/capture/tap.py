@@ -53,9 +53,11 @@ class CaptureRefused(Exception):
     """The agent already has :data:`MAX_CAPTURES` captures."""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Frame:
-    """One frame as it crossed the wire, unredacted: it never leaves the process like this."""
+    """One frame as it crossed the wire, unredacted: it never leaves the process like this.
+    Immutable but for :attr:`rendered`, which the first subscriber to print it fills in, so
+    that several captures redact and encode a frame once between them."""
 
     ts: float
     agent: str
@@ -64,6 +66,9 @@ class Frame:
     #: The text or bytes that crossed the wire, or a value (an A2A request's parts).
     raw: Any
     extra: dict[str, Any] | None = None
+    #: The tap's count of frames: a gap a capture sees is frames it lost.
+    seq: int = 0
+    rendered: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -138,6 +143,7 @@ class Tap:
         #: wherever they appear (:mod:`crosstalk.capture.redact`).
         self.secrets: set[str] = set()
         self.subscribers: list[Subscription] = []
+        self.seq = 0
         #: The process's :class:`Taps` once registered (it counts who captures).
         self.taps: Taps | None = None
 
@@ -145,7 +151,9 @@ class Tap:
         """Hand one frame to every subscriber; nothing at all when there is none."""
         if not self.subscribers:
             return
-        frame = Frame(self.clock(), self.agent_id, source, direction, raw, extra or None)
+        self.seq += 1
+        frame = Frame(self.clock(), self.agent_id, source, direction, raw, extra or None,
+                      self.seq)
         for sub in self.subscribers:
             sub.offer(frame)
 
