@@ -40,7 +40,8 @@ _JSON_FIELD: Final = re.compile(rf'("(?i:{_NAMES})"\s*:\s*)"(?:[^"\\]|\\.)*"')
 #: ``token=…`` in a query string, a form body or a command line.
 _PARAM: Final = re.compile(rf"(?i)\b({_NAMES})=([^&\s\"'<>]+)")
 _BEARER: Final = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
-_HEX_RUN: Final = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
+_HEX_MIN: Final = 32
+_HEX_RUN: Final = re.compile(rf"(?<![0-9A-Fa-f])[0-9A-Fa-f]{{{_HEX_MIN},}}(?![0-9A-Fa-f])")
 #: Shorter known values are not replaced by value: they would hit ordinary words.
 MIN_SECRET_LEN: Final = 8
 _MAX_DEPTH: Final = 64
@@ -61,13 +62,20 @@ class Redactor:
         self.secrets = sorted(known, key=len, reverse=True)
 
     def text(self, text: str) -> str:
+        if len(text) < MIN_SECRET_LEN:
+            return text  # too short to hold anything a rule looks for
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
-        text = _JSON_FIELD.sub(rf'\1"{REDACTED}"', text)
-        text = _PARAM.sub(rf"\1={REDACTED}", text)
-        text = _BEARER.sub(rf"\1 {REDACTED}", text)
-        return _HEX_RUN.sub(REDACTED, text)
+        # Each rule runs only where its pattern could match: most strings in a frame are
+        # short words, and a capture's cost is the agent's loop's.
+        if '"' in text and ":" in text:
+            text = _JSON_FIELD.sub(rf'\1"{REDACTED}"', text)
+        if "=" in text:
+            text = _PARAM.sub(rf"\1={REDACTED}", text)
+        if " " in text:
+            text = _BEARER.sub(rf"\1 {REDACTED}", text)
+        return _HEX_RUN.sub(REDACTED, text) if len(text) >= _HEX_MIN else text
 
     def value(self, value: Any, depth: int = 0) -> Any:
         """A JSON-like value with every secret replaced (a new value; the input is kept)."""

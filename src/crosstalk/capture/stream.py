@@ -37,6 +37,9 @@ REFUSED_REASON: Final = "too_many_captures"
 #: A write the client does not take within this long ends the capture (it is gone or stuck;
 #: frames meanwhile are dropped and counted, never waited for).
 WRITE_TIMEOUT: Final = 30.0
+#: A capture wakes at most this often: what came meanwhile is written in one go, so a
+#: message's several frames cost the agent's loop one wake-up per capture, not one each.
+FLUSH_INTERVAL: Final = 0.02
 
 
 def iso(ts: float) -> str:
@@ -118,3 +121,4 @@ async def _pump(tap: Tap, sub: Subscription, writer: asyncio.StreamWriter,
                 await writer.drain()
         except (OSError, TimeoutError):
             return
+        await asyncio.sleep(FLUSH_INTERVAL)
