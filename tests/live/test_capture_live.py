@@ -3,8 +3,10 @@
 B's session runs; the test attaches ``crosstalk capture beta`` (outside the namespace, as a
 user would, with no restart of anything), then A's model sends B a message with
 ``send_message`` and a script sends B one with ``crosstalk send``. The capture shows the
-A2A request and its answer, the uds frames and ack, and the frame B's gate helper wrote into
-Claude's inbox; B's model gets both messages as it would without the capture; and no token
+A2A request and its answer, the uds frames and the very ack the script got, the frames B's
+gate helper wrote into Claude's inbox and Claude's ``held`` receipt for the script's message
+(a script is held for B's user); B's model gets A's message as it would without the
+capture; and no token
 or key of the machine (CrossTalk's bearer credentials and uds keys, Claude's peer tokens) is
 anywhere in what the capture printed.
 """
@@ -94,9 +96,9 @@ def test_capture_b_while_as_claude_sends_to_b(world: World, timings: Timings) ->
         _wait_seen(beta, text)
         scripted = unique("LIVE-CAPTURE-UDS")
         done = world.crosstalk("send", "--json", name, scripted)
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["state"] == "accepted"
-        _wait_seen(beta, scripted)
+        # A script is no Claude session: Claude holds its frame for B's user (ADR 0020).
+        ack = json.loads(done.stdout)
+        assert (ack["state"], ack["reason"]) == ("unknown", "held_for_approval"), done.stderr
     finally:
         code = capture.stop()
     assert code == 0, capture.err
@@ -106,7 +108,9 @@ def test_capture_b_while_as_claude_sends_to_b(world: World, timings: Timings) ->
     assert text in _bodies(frames, "a2a", "in")
     assert '"status": 200' in _bodies(frames, "a2a", "out")
     assert scripted in _bodies(frames, "uds", "in")
-    assert '"type": "ack"' in _bodies(frames, "uds", "out")
+    assert ack in [f["frame"] for f in frames if f["source"] == "uds"
+                   and f["direction"] == "out"]
+    assert "held" in _bodies(frames, "claude_receipt", "in")
     inbox = _bodies(frames, "claude_inbox", "out")
     assert text in inbox
     assert scripted in inbox
