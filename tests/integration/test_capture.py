@@ -155,7 +155,8 @@ async def test_capture_shows_uds_and_a2a_frames_and_no_secret(
     ack = await cli_send(home, "bob", "over the uds ingress")
     sent = await a.send("bob", "over A2A")
     assert (ack["state"], sent.state) == ("accepted", "accepted")
-    await eventually(lambda: len(capture.where("a2a", "out")) >= 1, what="the A2A answer")
+    await eventually(lambda: sent.message_id in json.dumps(capture.where("a2a", "out")),
+                     what="the SendMessage answer")
     await eventually(lambda: len(capture.where("uds", "out")) >= 1, what="the uds ack")
     code, err = await capture.stop()
     assert code == 0, err
