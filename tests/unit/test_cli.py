@@ -18,9 +18,11 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"crosstalk {__version__}"
 
 
-@pytest.mark.parametrize("command", sorted(_PLANNED))
-def test_unbuilt_subcommands_say_so(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([command]) == 2
+def test_unbuilt_subcommands_say_so(monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Every subcommand is built today; the stub path stays for the next planned one.
+    monkeypatch.setitem(_PLANNED, "later", ("a thing to come", "do that thing"))
+    assert main(["later"]) == 2
     assert "not built yet" in capsys.readouterr().err
 
 

@@ -44,6 +44,8 @@ from crosstalk.a2a import jsontext, wire
 from crosstalk.a2a.errors import unauthenticated_error
 from crosstalk.a2a.liststatus import ABSENT, wire_status
 from crosstalk.a2a.taskstore import SENDER_KEY
+from crosstalk.capture.asgi import CaptureMiddleware
+from crosstalk.capture.tap import Tap
 from crosstalk.core.message import Ingress, Sender
 from crosstalk.core.policy import PRIMARY, SUBAGENT
 from crosstalk.core.states import MessageState
@@ -419,8 +421,10 @@ def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.Ag
 
 
 def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
-              authenticate: Authenticate, max_body_bytes: int) -> Starlette:
-    """The ASGI app: public Agent Card + bearer-guarded, body-capped JSON-RPC endpoint."""
+              authenticate: Authenticate, max_body_bytes: int, tap: Tap | None = None
+              ) -> Starlette:
+    """The ASGI app: public Agent Card + bearer-guarded, body-capped JSON-RPC endpoint;
+    ``tap`` sees every request as it came and every answer as it went (outermost)."""
 
     async def current_card(_card: pb.AgentCard) -> pb.AgentCard:
         return card()
@@ -433,6 +437,7 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
                                context_builder=_ContextBuilder()),
     ]
     return Starlette(routes=routes, middleware=[
+        *([Middleware(CaptureMiddleware, tap=tap)] if tap is not None else []),
         Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
         Middleware(BodyLimit, limit=max_body_bytes),
     ])

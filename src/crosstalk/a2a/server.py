@@ -30,6 +30,7 @@ from crosstalk.a2a.listener import Listener
 from crosstalk.a2a.taskreplay import TaskReplay
 from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import JournalTaskStore
+from crosstalk.capture.tap import Tap
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
 from crosstalk.core.message import Sender
@@ -58,7 +59,7 @@ class A2AServer:
                  max_wait_seconds: float = 900.0, expire_asks: bool = True,
                  retention_seconds: float = RETENTION_SECONDS,
                  claim_handler: ClaimHandler | None = None,
-                 listener: Listener | None = None) -> None:
+                 listener: Listener | None = None, tap: Tap | None = None) -> None:
         if agent_id != receiver.agent_id:
             raise ValueError("the server and its receiver must belong to one agent")
         self.receiver = receiver
@@ -78,6 +79,8 @@ class A2AServer:
         self.url = "http://127.0.0.1"
         #: What serves the app (``listener``, else one with the default bounds and cap).
         self.listener = listener or Listener()
+        #: Sees each request and answer for ``crosstalk capture`` (:mod:`crosstalk.capture`).
+        self.tap = tap
         self._app: Starlette | None = None
         receiver.listeners.append(self.book.on_entry)
 
@@ -111,7 +114,8 @@ class A2AServer:
         if self._app is None:
             self._app = asgi.build_app(handler=self.handler, card=self.agent_card,
                                        authenticate=self.authenticate,
-                                       max_body_bytes=self.limits.max_body_bytes)
+                                       max_body_bytes=self.limits.max_body_bytes,
+                                       tap=self.tap)
         return self._app
 
     async def start(self) -> str:

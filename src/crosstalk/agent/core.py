@@ -33,6 +33,7 @@ from crosstalk.agent.followups import FollowingHarness
 from crosstalk.agent.lane import DispatchLane
 from crosstalk.agent.replies import ReplyProgress, reply_state
 from crosstalk.agent.taskgroup import TaskGroup
+from crosstalk.capture.tap import CLAUDE_RECEIPT, IN, TAPS, Tap
 from crosstalk.config import ensure_private_dir, journal_path, uds_path_for
 from crosstalk.core.admission import Limits
 from crosstalk.core.ids import agent_id_for, new_instance_id
@@ -125,6 +126,8 @@ class Agent:
         self.checkpoint_policy = checkpoint_policy or CheckpointPolicy()
         self.checkpoints: Checkpoints | None = None
         self.started: Started | None = None
+        #: Every frame its ingresses read and its injector writes, for ``crosstalk capture``.
+        self.tap = Tap(self.agent_id)
 
     @property
     def name(self) -> str:
@@ -154,6 +157,7 @@ class Agent:
             ensure_private_dir(jpath.parent)
             self.journal = Journal(jpath, clock=self.clock)
             uds_path = uds_path_for(self.registry.home, self.agent_id, self.env)
+            TAPS.register(self.tap, [str(uds_path)])  # the injector knows the reply address
             binding = Binding(spec.harness.name, spec.session_ref, spec.endpoint,
                               new_instance_id())
             harness = FollowingHarness(spec.harness, self.group, self.apply_receipt)
@@ -179,11 +183,12 @@ class Agent:
             self.lane = DispatchLane(self.receiver, self.group)
             await self.lane.start()
             self.uds = UdsIngress(uds_path, self.receiver, self.registry, lane=self.lane,
-                                  idle_timeout=self.idle_timeout, control=self._on_control)
+                                  idle_timeout=self.idle_timeout, control=self._on_control,
+                                  tap=self.tap)
             await self.uds.start()
             self.a2a = A2AServer(receiver=self.receiver, registry=self.registry,
                                  agent_id=self.agent_id, name=choice.name, lane=self.lane,
-                                 limits=self.limits)
+                                 limits=self.limits, tap=self.tap)
             self._wire_claims(read.claims.records)
             with collector.paused():
                 self.a2a.restore(read.tasks, resumable)
@@ -191,6 +196,7 @@ class Agent:
             del read
             url = await self.a2a.start()
             cred = reg.issue_credential()
+            self.tap.secrets.add(self.token)
             pid, started = own_process_identity()
             harness_started = (proc.process_start_time(spec.harness_pid)
                                if spec.harness_pid else None)
@@ -268,6 +274,7 @@ class Agent:
                 await self.uds.stop()
             self.uds = None
         await self.group.close()
+        TAPS.unregister(self.tap)
         checkpoints, self.checkpoints = self.checkpoints, None
         if checkpoints is not None and self.journal is not None:
             try:  # nothing of ours writes any more: the next start reads only what follows
@@ -321,6 +328,7 @@ class Agent:
                     start: str | None) -> None:
         for sink in self.control_sinks:
             for receipt in sink(frame, pid, start):
+                self.tap.emit(CLAUDE_RECEIPT, IN, receipt, late=True)
                 self.apply_receipt(receipt)
 
     def apply_receipt(self, receipt: Receipt) -> None:

@@ -19,9 +19,7 @@ from crosstalk.config import DELIVERY_TIMEOUT
 EXIT_USAGE = 2
 
 #: subcommand -> (one-line help, what it will do once built)
-_PLANNED: dict[str, tuple[str, str]] = {
-    "capture": ("dump one inbound frame for diagnosis", "record one frame from a socket"),
-}
+_PLANNED: dict[str, tuple[str, str]] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--agent", metavar="A", help="only this agent (name or agent_id)")
     watch.add_argument("--harness", metavar="H", help="only sessions/messages of harness H")
     watch.add_argument("--state", metavar="S", help="only messages in state S")
+    capture = sub.add_parser(
+        "capture", help="stream a running agent's raw wire, redacted, as JSON lines",
+        description="Attach to a running agent without restarting it and print every frame "
+        "its ingresses receive and its injector sends (uds, A2A, Claude inbox and receipts, "
+        "Codex JSON-RPC), one JSON line each, every token and key redacted, until Ctrl-C. "
+        "Exit 0 when interrupted, 1 refused, 3 no such agent, 4 transport failure. "
+        "See docs/capture.md.")
+    capture.add_argument("agent", help="the agent, named as crosstalk send names it")
     for name, (help_text, _) in _PLANNED.items():
         p = sub.add_parser(name, help=f"{help_text} (not built yet)")
         p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -147,6 +153,13 @@ def _send(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     timeout=args.timeout)
 
 
+def _capture(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.capture import run_capture
+    from crosstalk.config import state_dir
+
+    return run_capture(state_dir(), args.agent)
+
+
 def _tail(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from crosstalk.cli.tail import run_tail
     from crosstalk.config import state_dir
@@ -164,7 +177,7 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 _COMMANDS = {"demo": _demo, "mcp": _mcp, "install": _install, "uninstall": _install,
              "doctor": _doctor, "agents": _agents, "send": _send, "tail": _tail,
-             "watch": _watch}
+             "watch": _watch, "capture": _capture}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

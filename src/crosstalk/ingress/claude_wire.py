@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from crosstalk.core.envelope import parse_claude
-from crosstalk.core.message import Kind
+from crosstalk.core.ids import new_message_id
+from crosstalk.core.message import Kind, Message, Sender
 
 #: Claude Code's inbox limit: a buffered line longer than this many characters kills the
 #: connection (``Line exceeded 1048576 chars``).
@@ -134,6 +135,15 @@ def user_frame(obj: Mapping[str, Any]) -> UserFrame:
     return UserFrame(text=text, message_id=message_id, kind=kind, asserted=asserted)
 
 
+def message_of(frame: UserFrame, sender: Sender) -> Message:
+    """The message a decoded frame carries, as ``sender`` (identity is the caller's)."""
+    assert frame.kind is not None
+    return Message(
+        message_id=frame.message_id or new_message_id(), sender=sender, text=frame.text,
+        kind=frame.kind, native=frame.message_id is None, asserted=frame.asserted,
+    )
+
+
 def ack_line(message_id: str | None, state: str, reason: str | None) -> bytes:
     ack = {"type": "ack", "message_id": message_id, "state": state, "reason": reason}
     return json.dumps(ack, separators=(",", ":")).encode() + b"\n"
@@ -150,6 +160,8 @@ class Lines:
     max_line: int
     idle_timeout: float
     first_line_timeout: float | None = None
+    #: Sees every line read, as it came (``crosstalk capture``'s tap).
+    heard: Callable[[str], None] | None = None
     eof: bool = field(default=False, init=False)
     _started: bool = field(default=False, init=False)
 
@@ -163,6 +175,8 @@ class Lines:
                 while not self.eof:
                     line = await self._read()
                     if line is not None and line.strip():
+                        if self.heard is not None:
+                            self.heard(line)
                         return line
         except TimeoutError:
             raise Close("first_line_timeout" if first else "idle_timeout") from None

@@ -6,11 +6,14 @@ what a frame says about itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from crosstalk import proc
 from crosstalk.core.message import Ingress, Sender
-from crosstalk.store.registry import Descriptor
+from crosstalk.store.registry import Descriptor, Registry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,17 @@ def peer_of(writer: asyncio.StreamWriter) -> Peer | None:
     except OSError:
         return None
     return Peer(creds.pid, creds.uid, proc.process_start_time(creds.pid))
+
+
+def identify(registry: Registry, peer: Peer | None, where: str) -> Descriptor | None:
+    """The one live descriptor this peer process is, else ``None`` (never the first of
+    several: a pooled pid stays unverified)."""
+    if peer is None or peer.start_time is None:
+        return None
+    try:
+        live = registry.live()
+    except OSError as exc:
+        log.warning("uds ingress %s: cannot read the registry: %s", where, exc)
+        return None
+    found = [d for d in live if matches_peer(d, peer.pid, peer.start_time)]
+    return found[0] if len(found) == 1 else None

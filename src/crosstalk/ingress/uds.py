@@ -47,13 +47,15 @@ import secrets
 import socket
 import stat
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from crosstalk.capture import stream as capture
+from crosstalk.capture.tap import IN, OUT, UDS, Tap
 from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
-from crosstalk.core.ids import new_message_id
-from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.core.message import Ingress, Sender
 from crosstalk.ingress.accept import Acceptor, serve_streams
 from crosstalk.ingress.budget import MAX_CONNECTIONS, Conn, Connections
 from crosstalk.ingress.claude_wire import (
@@ -63,12 +65,12 @@ from crosstalk.ingress.claude_wire import (
     BadFrame,
     Close,
     Lines,
-    UserFrame,
     ack_line,
+    message_of,
     parse_line,
     user_frame,
 )
-from crosstalk.ingress.peers import Peer, matches_peer, peer_of, verified
+from crosstalk.ingress.peers import Peer, identify, peer_of, verified
 from crosstalk.ingress.socket_files import (
     IngressError,
     clear_stale_socket,
@@ -127,6 +129,7 @@ class UdsIngress:
         close_grace: float = CLOSE_GRACE,
         max_connections: int = MAX_CONNECTIONS,
         control: ControlFrameHandler | None = None,
+        tap: Tap | None = None,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.key_path = uds_key_path(self.path)
@@ -141,6 +144,8 @@ class UdsIngress:
         self.max_connections = max_connections
         #: Where control frames (Claude's receipts) go; they are never messages.
         self.control = control
+        #: Where every frame line read and ack written goes for ``crosstalk capture``.
+        self.tap = tap or Tap(self.path.stem)
         self._server: Acceptor | None = None
         self._conns = Connections(max_connections, str(self.path))
         self._closing = False
@@ -184,6 +189,7 @@ class UdsIngress:
         token = secrets.token_hex(16)  # Claude's peerToken shape: 32 hex
         write_atomic(self.key_path, token.encode() + b"\n", PRIVATE_FILE_MODE)
         self._token, self._closing, self._key_warned = token, False, False
+        self.tap.secrets.add(token)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(os.fspath(self.path))
@@ -216,6 +222,7 @@ class UdsIngress:
             return
         self._closing = True
         server.close()
+        self.tap.end_all()  # a capture is no connection to wait for
         # The address goes first: a harness may kill us within ~0.5 s of asking us to stop
         # (Claude: SIGINT, SIGTERM 100 ms later, SIGKILL 400 ms after that), and a socket and
         # key left behind outlive us. Accepted connections are not affected by the unlink.
@@ -292,7 +299,8 @@ class UdsIngress:
             log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
             return
         lines = Lines(reader, self.max_line, self.idle_timeout,
-                      first_line_timeout=self.first_line_timeout)
+                      first_line_timeout=self.first_line_timeout,
+                      heard=partial(self.tap.emit, UDS, IN))
         try:
             first = await lines.next()
             if first is None:
@@ -334,6 +342,10 @@ class UdsIngress:
             if obj.get("type") == "control":
                 self._control(obj, peer)
                 return
+            if obj.get("type") == capture.CAPTURE_TYPE:  # outside the cap, never a wait
+                full = ack_line(None, "rejected", capture.REFUSED_REASON)
+                await capture.serve(self.tap, lines.reader, writer, full)
+                return
             if obj.get("type") != "user":
                 raise BadFrame("not a user frame")
             frame = user_frame(obj)
@@ -344,7 +356,7 @@ class UdsIngress:
         if frame.kind is None:
             await self._ack(writer, frame.message_id, "rejected", "unknown_kind")
             return
-        msg = self._message(frame, self._sender(peer))
+        msg = message_of(frame, self._sender(peer))
         # A retry of an admitted message is answered from the past (never denied); only a new
         # message waits for an outcome, and waiting is bounded (the module docstring).
         waits = msg.message_id not in self.receiver.entries
@@ -379,7 +391,7 @@ class UdsIngress:
         if frame.kind is None:
             log.info("uds ingress %s: frame asked for a kind outside the protocol", self.path)
             return
-        msg = self._message(frame, verified(desc, peer))
+        msg = message_of(frame, verified(desc, peer))
         try:
             admitted = self.receiver.admit(msg)
         except ReceiverUnavailable as exc:
@@ -402,19 +414,14 @@ class UdsIngress:
 
     async def _ack(self, writer: asyncio.StreamWriter, message_id: str | None, state: str,
                    reason: str | None) -> None:
-        writer.write(ack_line(message_id, state, reason))
+        ack = ack_line(message_id, state, reason)
+        self.tap.emit(UDS, OUT, ack)
+        writer.write(ack)
         with contextlib.suppress(OSError, TimeoutError):
             async with asyncio.timeout(self.close_grace):
                 await writer.drain()
 
     # -- identity ----------------------------------------------------------------------------
-
-    def _message(self, frame: UserFrame, sender: Sender) -> Message:
-        assert frame.kind is not None
-        return Message(
-            message_id=frame.message_id or new_message_id(), sender=sender, text=frame.text,
-            kind=frame.kind, native=frame.message_id is None, asserted=frame.asserted,
-        )
 
     def _sender(self, peer: Peer | None) -> Sender:
         desc = self._identify(peer)
@@ -423,17 +430,7 @@ class UdsIngress:
         return Sender(agent_id=None, ingress=Ingress.UDS, peer_pid=peer.pid if peer else None)
 
     def _identify(self, peer: Peer | None) -> Descriptor | None:
-        """The one live descriptor this peer process is, else ``None`` (never the first of
-        several: a pooled pid stays unverified)."""
-        if peer is None or peer.start_time is None:
-            return None
-        try:
-            live = self.registry.live()
-        except OSError as exc:
-            log.warning("uds ingress %s: cannot read the registry: %s", self.path, exc)
-            return None
-        found = [d for d in live if matches_peer(d, peer.pid, peer.start_time)]
-        return found[0] if len(found) == 1 else None
+        return identify(self.registry, peer, str(self.path))
 
     def _token_ok(self, token: str) -> bool:
         stored = self._read_key(check_mode=True)

@@ -8,7 +8,7 @@ the journals (:mod:`~crosstalk.watch.journals` follows them, :mod:`~crosstalk.wa
 folds them). Everything here blocks on file reads: the terminal UI calls :meth:`Feed.poll` in
 a worker thread, holding :attr:`Feed.lock`, which it also holds while it reads the board.
 
-Start-up (ADR 0901-watch-feed-start): each journal's tail is read, not the whole journal,
+Start-up (ADR 0027): each journal's tail is read, not the whole journal,
 sized so that the board gets about the :data:`START_MESSAGES` newest messages
 (:data:`BYTES_PER_MESSAGE` each, shared among the journals by size); the first poll reports
 the start state as one change per session and one per message (its latest state, all its

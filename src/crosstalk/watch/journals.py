@@ -4,7 +4,7 @@ Read only: no lock is taken (a shim's append never waits for the watch), nothing
 or cut, and lines are decoded by the store's own codec (:mod:`crosstalk.store.journal_format`:
 CRC per line, a batch held back until its last line is there).
 
-Each journal is read from a point, never wholly at start (ADR 0901-watch-feed-start): the
+Each journal is read from a point, never wholly at start (ADR 0027): the
 first look reads its end (from the first whole line in it), its share of a byte budget by
 size, then each poll reads only what was appended. A journal that retention replaced (a new
 file renamed over the old one, with the kept records and their ``seq``) or that was cut

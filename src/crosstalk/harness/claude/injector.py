@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from crosstalk.capture.tap import CLAUDE_INBOX, CLAUDE_RECEIPT, IN, OUT, TAPS
 from crosstalk.core.envelope import render_claude
 from crosstalk.core.message import DeliveryMode, Ingress
 from crosstalk.core.pacing import TokenBucket
@@ -114,6 +115,7 @@ class Injector:
                                  from_address=from_address, priority=priority_for(delivery),
                                  session_id=session_id)
         reason = "dropped"
+        tap = TAPS.tap_for(delivery.reply_address)  # the agent whose frames these are
         token: str | None = None
         for attempt in range(self.max_attempts):
             if attempt:
@@ -129,11 +131,17 @@ class Injector:
                 except ValueError:
                     return Outcome(MessageState.UNREACHABLE, "frame_too_large")
                 self.tracker.expect(msg_id, message_id, session.pid, session.recorded_start)
+                tap.emit(CLAUDE_INBOX, OUT, payload, inbox=socket, attempt=attempt + 1)
                 got = await write(socket, payload)
+                # What the socket proved (the inbox never writes back).
+                tap.emit(CLAUDE_INBOX, IN, {"inbox_result": got.state.value,
+                                            "reason": got.reason, "evidence": got.evidence},
+                         inbox=socket)
             if got.state is not MessageState.ACCEPTED:
                 self.tracker.forget(msg_id)
                 return Outcome(got.state, got.reason, got.evidence)
             receipt = await self.tracker.wait(msg_id, self.grace)
+            tap.emit(CLAUDE_RECEIPT, IN, receipt or {"receipt": None, "grace": self.grace})
             if receipt is None or receipt.status == "delivered":
                 return Outcome(MessageState.ACCEPTED, None, got.evidence)
             if receipt.status == "held":

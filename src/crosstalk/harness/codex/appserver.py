@@ -7,6 +7,10 @@ first (a request before it fails ``Not initialized``). The server sends notifica
 (``{"method", "params"}``) and may send requests of its own (approvals, elicitations), which a
 client that takes no part in turns answers with an error.
 
+Every message to or from the server that names a thread (``params.threadId``, or the answer
+to a request that did) is handed to that thread's agent's capture tap
+(:mod:`crosstalk.capture.tap`), as the text that crossed the socket.
+
 Every request has a deadline. What a failure means for a delivery is the caller's business,
 but this module keeps the facts apart: :class:`NotSent` (nothing left this process: connect
 or write failed) versus :class:`NoAnswer` (sent, then the connection closed or the deadline
@@ -28,6 +32,8 @@ from websockets.asyncio.client import ClientConnection, unix_connect
 from websockets.exceptions import WebSocketException
 
 from crosstalk import __version__
+from crosstalk.capture.tap import CODEX_RPC, IN, OUT, TAPS
+from crosstalk.core.ids import agent_id_for
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,8 @@ class AppServer:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.info: dict[str, Any] = {}
+        #: Request id -> the agent its thread is, for the answer's capture.
+        self._tapped: dict[int, str] = {}
 
     async def __aenter__(self) -> AppServer:
         await self.connect()
@@ -119,10 +127,13 @@ class AppServer:
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
+        text = json.dumps({"id": rid, "method": method, "params": dict(params or {})})
+        if TAPS.capturing and (agent := _agent_of(params)) is not None:
+            self._tapped[rid] = agent
+            TAPS.emit(agent, CODEX_RPC, OUT, text, endpoint=self.path)
         try:
             try:
-                await ws.send(json.dumps({"id": rid, "method": method,
-                                          "params": dict(params or {})}))
+                await ws.send(text)
             except (OSError, WebSocketException) as exc:
                 raise NotSent(f"{method}: send failed: {exc!r}") from None
             try:
@@ -132,6 +143,7 @@ class AppServer:
                 raise NoAnswer(f"{method}: no answer in time") from None
         finally:
             self._pending.pop(rid, None)
+            self._tapped.pop(rid, None)
 
     async def _read(self) -> None:
         ws = self._ws
@@ -144,6 +156,7 @@ class AppServer:
                     log.debug("app-server %s: not JSON", self.path)
                     continue
                 if isinstance(msg, dict):
+                    self._capture(msg, raw)
                     await self._on_message(ws, msg)
         except (OSError, WebSocketException) as exc:
             log.debug("app-server %s: connection ended: %r", self.path, exc)
@@ -169,8 +182,23 @@ class AppServer:
         else:
             future.set_result(msg.get("result"))
 
+    def _capture(self, msg: dict[str, Any], raw: str | bytes) -> None:
+        if not TAPS.capturing:
+            return
+        rid = msg.get("id")
+        agent = (self._tapped.get(rid) if isinstance(rid, int) and "method" not in msg
+                 else _agent_of(msg.get("params")))
+        if agent is not None:
+            TAPS.emit(agent, CODEX_RPC, IN, raw, endpoint=self.path)
+
     def _fail_pending(self, exc: AppServerError) -> None:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(exc)
                 future.exception()  # mark retrieved: nobody may be waiting any more
+
+
+def _agent_of(params: object) -> str | None:
+    """The agent a message's thread is (a Codex agent's session_ref is its thread id)."""
+    thread = params.get("threadId") if isinstance(params, Mapping) else None
+    return agent_id_for("codex", thread) if isinstance(thread, str) and thread else None
