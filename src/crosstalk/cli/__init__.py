@@ -73,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("agent", nargs="?", help="agent name or agent_id")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
     tail.add_argument("--json", action="store_true", help="print records as JSON lines")
+    watch = sub.add_parser(
+        "watch", help="see every session and every message move, live (read-only)",
+        description="Every session on this machine and every message across all agents, "
+        "each state change as it happens. Full-screen on a terminal; --plain or --json (or "
+        "a pipe) print one line per change. Changes nothing; Ctrl-C ends it (exit 0).")
+    watch.add_argument("--plain", action="store_true", help="one readable line per change")
+    watch.add_argument("--json", action="store_true", help="one JSON object per change")
+    watch.add_argument("--agent", metavar="A", help="only this agent (name or agent_id)")
+    watch.add_argument("--harness", metavar="H", help="only sessions/messages of harness H")
+    watch.add_argument("--state", metavar="S", help="only messages in state S")
     for name, (help_text, _) in _PLANNED.items():
         p = sub.add_parser(name, help=f"{help_text} (not built yet)")
         p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -144,8 +154,17 @@ def _tail(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run_tail(state_dir(), args.agent, follow=args.follow, as_json=args.json)
 
 
+def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from crosstalk.cli.watch import run_watch
+    from crosstalk.config import state_dir
+
+    return run_watch(state_dir(), plain=args.plain, as_json=args.json, agent=args.agent,
+                     harness=args.harness, state=args.state)
+
+
 _COMMANDS = {"demo": _demo, "mcp": _mcp, "install": _install, "uninstall": _install,
-             "doctor": _doctor, "agents": _agents, "send": _send, "tail": _tail}
+             "doctor": _doctor, "agents": _agents, "send": _send, "tail": _tail,
+             "watch": _watch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
