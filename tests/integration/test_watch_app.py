@@ -16,9 +16,9 @@ from crosstalk.agent import Agent, AgentSpec
 from crosstalk.config import journal_path
 from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Registry
-from crosstalk.watch.app import WatchApp
+from crosstalk.watch.app import MAX_ROWS, WatchApp
 from crosstalk.watch.feed import Feed
-from crosstalk.watch.model import Change
+from crosstalk.watch.model import Board, Change, MessageView, StateStep
 from tests.support.agents import register_agent
 from tests.support.waiting import eventually
 
@@ -265,3 +265,40 @@ async def test_the_screen_is_up_before_the_first_poll_returns(
         assert "reading journals" in screen(app)
         await until(lambda: app.polls > 0, "the first poll")
         assert "reading journals" not in screen(app)
+
+
+async def test_the_table_holds_the_newest_rows_and_a_filter_finds_older_ones() -> None:
+    """A board of 1,500 messages: the table holds the newest MAX_ROWS, follows new ones, and a
+    search reaches one past the bound (a board filled by hand: the bound is the UI's)."""
+    board = Board()
+    now = time.time()
+
+    def message(i: int) -> MessageView:
+        return MessageView(f"m{i:05d}", "B-bob", "bob", "alice", "A-alice", True, "a2a",
+                           "inform", "immediate", f"note {i}",
+                           steps=[StateStep(now + i, "accepted")])
+
+    class Filled:
+        def __init__(self) -> None:
+            self.board = board
+            self.queued = [Change("message", now, m.message_id, "", {})
+                           for m in map(message, range(1500)) if board.keep(m) is None]
+
+        def poll(self) -> list[Change]:
+            out, self.queued = self.queued, []
+            return out
+
+    feed = Filled()
+    app = WatchApp(feed, poll_interval=0.05)
+    async with app.run_test(size=SIZE):
+        await until(lambda: app.polls > 0, "the first poll")
+        assert app.messages.row_count == MAX_ROWS
+        assert next(iter(app.shown)) == f"m{1500 - MAX_ROWS:05d}"
+        await until(lambda: app.selected == "m01499", "the cursor on the newest")
+        board.keep(message(1500))
+        feed.queued.append(Change("message", now, "m01500", "", {}))
+        await until(lambda: app.selected == "m01500", "a new message followed")
+        assert app.messages.row_count == MAX_ROWS
+        assert "m00000" not in app.messages.rows
+        app.query_one(Input).value = '"note 7"'
+        await until(lambda: "m00007" in app.messages.rows, "an old one found")

@@ -29,6 +29,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, Static
 
 from crosstalk.watch import filters, render
@@ -36,6 +37,10 @@ from crosstalk.watch.model import Board, Change, MessageView, Notice
 
 #: How many notices the notices line shows (the newest; the board keeps more).
 NOTICES_SHOWN = 3
+#: How many message rows the table holds: the newest that match (the board keeps more, a
+#: filter finds them). Textual measures every cell of a row it adds; 5,000 rows cost the
+#: start ~1.5 s on this machine, 1,000 about a fifth of that (bench/watch_app.py).
+MAX_ROWS = 1000
 
 
 class Feed(Protocol):
@@ -51,10 +56,10 @@ class WatchApp(App[int]):
     TITLE = "crosstalk watch"
     CSS = """
     #summary { height: 1; padding: 0 1; background: $boost; }
-    #sessions { height: 30%; min-height: 5; }
+    #sessions { height: auto; max-height: 35%; min-height: 4; }
     #main { height: 1fr; }
-    #messages { width: 3fr; }
-    #detail-box { width: 2fr; border-left: solid $accent; padding: 0 1; }
+    #messages { width: 2fr; }
+    #detail-box { width: 1fr; border-left: solid $accent; padding: 0 1; }
     #notices { height: auto; max-height: 3; padding: 0 1; color: $warning; }
     #filter { height: 3; }
     """
@@ -80,6 +85,8 @@ class WatchApp(App[int]):
         self.thread_ids: set[str] | None = None
         #: Shown messages whose ask is open: the one-second countdown walks only these.
         self.open_asks: dict[str, MessageView] = {}
+        #: The messages' rows, oldest first (the table's own order is costly to ask for).
+        self.shown: dict[str, None] = {}
         self.polls = 0
         self._polling = False
         self._pending_refilter = False
@@ -144,13 +151,16 @@ class WatchApp(App[int]):
                                  if c.kind in ("message", "state", "ask", "receipt"))
         for key in sessions:
             self._show_session(key)
-        if self._pending_refilter or (sessions and self.filter.harnesses):
-            self._refilter()
+        fresh = sum(key not in self.messages.rows for key in messages)
+        if (self._pending_refilter or (sessions and self.filter.harnesses)
+                or fresh > MAX_ROWS // 2):
+            self._refilter()  # one rebuild beats moving many rows (the first poll's case)
         else:
+            following = self._following()
             added = [key for key in messages if self._show_message(key)]
-            self._drop_forgotten()
-            if added and self._following():
-                self.messages.move_cursor(row=self.messages.row_count - 1)
+            self._trim()
+            if added and following:
+                self._select_newest()
         if any(c.kind == "notice" for c in changes):
             self._show_notices()
         if self._pending_detail or (self.selected in messages) or sessions:
@@ -186,6 +196,7 @@ class WatchApp(App[int]):
         if view is None or not self._visible(view):
             if shown:
                 table.remove_row(key)
+                del self.shown[key]
             self.open_asks.pop(key, None)
             return False
         depth = render.depth_in(self.feed.board, view) if self.thread_ids is not None else 0
@@ -196,20 +207,23 @@ class WatchApp(App[int]):
             self.open_asks.pop(key, None)
         if not shown:
             table.add_row(*cells, key=key)
+            self.shown[key] = None
             return True
         for (column, _), cell in zip(render.MESSAGE_COLUMNS, cells, strict=True):
             table.update_cell(key, column, cell)
         return False
 
-    def _drop_forgotten(self) -> None:
-        """Drop rows of messages the board has forgotten (it keeps the newest)."""
+    def _trim(self) -> None:
+        """Drop the oldest rows past :data:`MAX_ROWS`, and rows of messages the board has
+        forgotten (it forgets the oldest first, so both are at the top)."""
         board, table = self.feed.board, self.messages
-        if table.row_count <= len(board.messages):
-            return
-        for row_key in list(table.rows):
-            if row_key.value not in board.messages:
-                table.remove_row(row_key)
-                self.open_asks.pop(str(row_key.value), None)
+        while self.shown:
+            oldest = next(iter(self.shown))
+            if len(self.shown) <= MAX_ROWS and oldest in board.messages:
+                return
+            table.remove_row(oldest)
+            del self.shown[oldest]
+            self.open_asks.pop(oldest, None)
 
     def _refilter(self) -> None:
         """Redraw both tables under the current filter or thread (call between polls)."""
@@ -224,21 +238,36 @@ class WatchApp(App[int]):
         self.sessions.clear()
         for key in list(self.feed.board.sessions):
             self._show_session(key)
-        table = self.messages
+        table, board = self.messages, self.feed.board
         table.clear()
+        self.shown.clear()
         self.open_asks.clear()
-        for key in list(self.feed.board.messages):
+        newest: list[str] = []
+        for key in reversed(board.messages):
+            if len(newest) >= MAX_ROWS:
+                break
+            if self._visible(board.messages[key]):
+                newest.append(key)
+        for key in reversed(newest):
             self._show_message(key)
         if self.selected is not None and self.selected in table.rows:
             table.move_cursor(row=table.get_row_index(self.selected))
         elif table.row_count:
-            table.move_cursor(row=table.row_count - 1)
+            self._select_newest()
         self._summary()
+
+    def _select_newest(self) -> None:
+        """The cursor to the newest row. The detail is told too: trimming the top row may
+        leave the cursor's index as it was, and then the table reports no new highlight."""
+        if self.shown:
+            self.selected = next(reversed(self.shown))
+            self.messages.move_cursor(row=self.messages.row_count - 1)
+            self._show_detail()
 
     def _following(self) -> bool:
         """The table follows new messages while its cursor is on the last row (or none)."""
         table = self.messages
-        return table.row_count <= 1 or table.cursor_row >= table.row_count - 2
+        return table.row_count <= 1 or table.cursor_row >= table.row_count - 1
 
     def _harness_of(self, agent_id: str | None) -> str | None:
         view = self.feed.board.sessions.get(agent_id) if agent_id else None
@@ -260,7 +289,10 @@ class WatchApp(App[int]):
             self._pending_detail = True
             return
         self._pending_detail = False
-        pane = self.query_one("#detail", Static)
+        try:
+            pane = self.query_one("#detail", Static)
+        except NoMatches:
+            return  # the app is closing: a late highlight has nothing to draw on
         view = self.feed.board.messages.get(self.selected) if self.selected else None
         if view is None:
             pane.update(Text("select a message" if self.selected is None
@@ -276,7 +308,8 @@ class WatchApp(App[int]):
     def _summary(self) -> None:
         board = self.feed.board
         parts = [f"{len(board.sessions)} sessions",
-                 f"{self.messages.row_count}/{len(board.messages)} messages shown",
+                 f"{self.messages.row_count}/{len(board.messages)} messages shown"
+                 + (" (the newest)" if self.messages.row_count == MAX_ROWS else ""),
                  f"{len(self.open_asks)} open asks"]
         if board.notices:
             parts.append(f"{len(board.notices)} notices")

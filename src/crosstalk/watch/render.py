@@ -21,8 +21,10 @@ MESSAGE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("time", "time"), ("route", "from → to"), ("kind", "kind"), ("state", "state"),
     ("ask", "ask"), ("receipt", "receipt"), ("text", "text"))
 
-#: How much of a message's text its row shows (the detail pane shows all of it).
+#: How much of a message's text, and of a state's reason, its row shows (the detail pane
+#: shows all of it).
 ROW_TEXT = 60
+ROW_REASON = 24
 #: An ask's states once it is no longer open: the ask column shows the word itself.
 ENDED_ASK = frozenset({"answered", "expired", "closed"})
 
@@ -81,12 +83,14 @@ def route(message: MessageView, depth: int = 0) -> str:
 def message_cells(message: MessageView, now: float, depth: int = 0) -> tuple[str, ...]:
     state = message.state
     if message.reason:
-        state = f"{state} ({message.reason})"
-    text = " ".join(message.text.split())
-    if len(text) > ROW_TEXT:
-        text = text[: ROW_TEXT - 1] + "…"
+        state = f"{state} ({clip(message.reason, ROW_REASON)})"
+    text = clip(" ".join(message.text.split()), ROW_TEXT)
     return (clock(message.first_ts), route(message, depth), message.kind, state,
             ask_cell(message, now), message.receipt or "", text)
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def depth_in(board: Board, message: MessageView, limit: int = 16) -> int:
