@@ -38,9 +38,9 @@ from crosstalk.watch.model import Board, Change, MessageView, Notice
 #: How many notices the notices line shows (the newest; the board keeps more).
 NOTICES_SHOWN = 3
 #: How many message rows the table holds: the newest that match (the board keeps more, a
-#: filter finds them). Textual measures every cell of a row it adds; 5,000 rows cost the
-#: start ~1.5 s on this machine, 1,000 about a fifth of that (bench/watch_app.py).
-MAX_ROWS = 1000
+#: filter finds them). Textual measures every cell of a row it adds: 5,000 rows cost the
+#: start ~1.4 s on this 2-core machine, 500 (ten screens of scrollback) ~0.15 s.
+MAX_ROWS = 500
 
 
 class Feed(Protocol):
