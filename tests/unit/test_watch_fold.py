@@ -129,8 +129,9 @@ def test_the_board_keeps_its_bound() -> None:
 
 
 def test_secret_named_fields_are_redacted_in_what_is_kept() -> None:
-    raw = {"subject": "message", "binding": {"auth_token": "s3cr3t", "endpoint": "/x"},
-           "list": [{"Authorization": "Bearer x"}]}
+    raw: dict[str, Any] = {"subject": "message",
+                           "binding": {"auth_token": "s3cr3t", "endpoint": "/x"},
+                           "list": [{"Authorization": "Bearer x"}]}
     out = redact(raw)
     assert out["binding"] == {"auth_token": REDACTED, "endpoint": "/x"}
     assert out["list"] == [{"Authorization": REDACTED}]

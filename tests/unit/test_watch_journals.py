@@ -39,7 +39,7 @@ def seqs(batches: list[Any], agent: str | None = None) -> list[int]:
 
 
 def follower(d: Path, tail: int = 1 << 20, clock: Clock | None = None) -> JournalFollower:
-    return JournalFollower(d, lambda n: tail, clock=clock or Clock())
+    return JournalFollower(d, tail, min_tail=0, clock=clock or Clock())
 
 
 def test_reads_every_journal_then_only_what_was_appended(tmp_path: Path) -> None:
@@ -149,3 +149,14 @@ def test_an_unreadable_journal_is_told_once_and_retried(tmp_path: Path) -> None:
     path.rmdir()
     write(d, A, 1)
     assert seqs(f.poll()[0]) == [1]
+
+
+def test_the_start_budget_is_shared_by_size(tmp_path: Path) -> None:
+    d = journal_dir(tmp_path)
+    write(d, A, 400)
+    write(d, B, 100)
+    line = len((d / f"{B}.jsonl").read_bytes()) // 100
+    batches, _ = JournalFollower(d, 50 * line, min_tail=0, clock=Clock()).poll()
+    a, b = len(seqs(batches, A)), len(seqs(batches, B))
+    assert 36 <= a <= 41  # four fifths of 50 lines
+    assert 8 <= b <= 11

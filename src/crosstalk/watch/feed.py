@@ -8,10 +8,11 @@ the journals (:mod:`~crosstalk.watch.journals` follows them, :mod:`~crosstalk.wa
 folds them). Everything here blocks on file reads: the terminal UI calls :meth:`Feed.poll` in
 a worker thread, holding :attr:`Feed.lock`, which it also holds while it reads the board.
 
-Start-up (ADR 0901-watch-feed-start): each journal's tail is read, sized so that the board
-gets about its ``history`` newest messages (:data:`BYTES_PER_MESSAGE` each), not whole
-journals; the first poll reports the start state as one change per session and one per
-message (its latest state, all its steps in ``data``), later polls report each step.
+Start-up (ADR 0901-watch-feed-start): each journal's tail is read, not the whole journal,
+sized so that the board gets about the :data:`START_MESSAGES` newest messages
+(:data:`BYTES_PER_MESSAGE` each, shared among the journals by size); the first poll reports
+the start state as one change per session and one per message (its latest state, all its
+steps in ``data``), later polls report each step.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ from crosstalk.watch.model import (
 #: Journal bytes per message on average: 1.75 KB in bench/restart.py's mix of A2A informs,
 #: asks and uds sends (35 MB for 20k messages), rounded up.
 BYTES_PER_MESSAGE: Final = 2048
-#: The least of each journal's end a first look reads, however many journals there are.
-MIN_TAIL_BYTES: Final = 16 * 1024
+#: How many of the newest messages the start state shows at most (the board then grows to
+#: its ``history`` as messages come): 1,000 is about the last hour of a machine whose
+#: journals hold 100k records a day (several screens of the Messages pane), and reading them
+#: takes about 0.2 s of a first poll that must end well inside 1 s (bench/watch.py).
+START_MESSAGES: Final = 1000
 #: How often the session rows are read at most (each read runs every harness's discovery).
 SESSIONS_EVERY: Final = 1.0
 
@@ -60,15 +64,11 @@ class Feed:
         self._clock = clock
         self._rows = sessions if sessions is not None else _directory_rows(home, env)
         self._names: dict[str, str] = {}
-        self._fold = MessageFold(self.board, self._names.get)
-        self._journals = JournalFollower(home / "journal", self._tail_bytes, clock=clock)
+        self._fold = MessageFold(self.board, self._names.get, self._heard)
+        self._journals = JournalFollower(
+            home / "journal", min(history, START_MESSAGES) * BYTES_PER_MESSAGE, clock=clock)
         self._sessions_read_at: float | None = None
         self._started = False
-        self._history = history
-
-    def _tail_bytes(self, journals: int) -> int:
-        budget = self._history * BYTES_PER_MESSAGE
-        return max(MIN_TAIL_BYTES, budget // journals)
 
     def poll(self) -> list[Change]:
         """Everything that changed since the last poll (the first: the start state)."""
@@ -110,14 +110,22 @@ class Feed:
             if view.to_agent == agent_id and view.to_name is None:
                 view.to_name = name
 
+    def _heard(self, agent_id: str, name: str) -> None:
+        """A verified sender's name: used for an agent no live session names (a live
+        session's name is current; a message's may be from before a rename)."""
+        if agent_id not in self.board.sessions:
+            self._named(agent_id, name)
+
     # -- journals -------------------------------------------------------------------------
 
     def poll_journals(self) -> list[Change]:
         batches, notices = self._journals.poll()
         changes: list[Change] = []
+        report = self._started
         for batch in batches:
             for raw in batch.records:
-                changes.extend(self._fold.take(batch.agent_id, raw, live=batch.whole))
+                changes.extend(self._fold.take(batch.agent_id, raw, live=batch.whole,
+                                               report=report))
         if not self._started:
             self._started = True
             changes = [start_change(view) for view in
@@ -195,7 +203,7 @@ def start_change(view: MessageView) -> Change:
     """A message as the start state shows it: one change, its latest state."""
     ts = view.steps[-1].ts if view.steps else 0.0
     reason = f" ({view.reason})" if view.reason else ""
-    ask = f" ask {view.ask_state}" if view.ask_state else ""
-    receipt = f" receipt {view.receipt}" if view.receipt else ""
+    ask = f"; ask {view.ask_state}" if view.ask_state else ""
+    receipt = f"; receipt {view.receipt}" if view.receipt else ""
     return message_change("message", view, ts,
                           f"{view.state}{reason}{ask}{receipt} {quote(view.text)}")

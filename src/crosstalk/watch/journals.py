@@ -5,12 +5,15 @@ or cut, and lines are decoded by the store's own codec (:mod:`crosstalk.store.jo
 CRC per line, a batch held back until its last line is there).
 
 Each journal is read from a point, never wholly at start (ADR 0901-watch-feed-start): the
-first look reads its last ``tail_bytes`` (from the first whole line in them), then each poll
-reads only what was appended. A journal that retention replaced (a new file renamed over the
-old one, with the kept records and their ``seq``) or that was cut shorter is read again the
-same way, and records whose ``seq`` was already handed on are skipped. A journal that appears
-later (a new agent) is read the same way; one that vanishes, or cannot be opened, is a
-:class:`~crosstalk.watch.model.Notice`, and the others go on.
+first look reads its end (from the first whole line in it), its share of a byte budget by
+size, then each poll reads only what was appended. A journal that retention replaced (a new
+file renamed over the old one, with the kept records and their ``seq``) or that was cut
+shorter is read again the same way, and records whose ``seq`` was already handed on are
+skipped. A journal that appears later (a new agent) is read the same way; one that vanishes,
+or cannot be opened, is a :class:`~crosstalk.watch.model.Notice`, and the others go on.
+
+A record with a field whose name looks secret is redacted as it is read (journals hold no
+token; this guards the watch should one ever be journaled).
 
 Damage is shown, not hidden: a whole line that does not decode is a notice at once; a
 trailing fragment is normal for a moment (its writer is mid-``write``), and a notice once it
@@ -29,12 +32,15 @@ from typing import Any, Final, NamedTuple
 from crosstalk.config import MAX_JOURNAL_LINE
 from crosstalk.store.journal_format import scan_lines, whole_writes
 from crosstalk.store.journal_read import ReadMark
+from crosstalk.watch.fold import may_hold_secret, redact
 from crosstalk.watch.model import Notice
 
 #: How long a trailing fragment may stay before it is told as a torn line.
 TORN_GRACE: Final = 2.0
 _SUFFIX = ".jsonl"
 _SEEK_CHUNK = 64 * 1024
+#: The least of each journal's end a first look reads, however small its share.
+MIN_TAIL_BYTES: Final = 8 * 1024
 
 
 class Batch(NamedTuple):
@@ -62,12 +68,13 @@ class _Followed:
 class JournalFollower:
     """Every journal of one state dir, each followed from a mark."""
 
-    def __init__(self, directory: Path, tail_bytes: Callable[[int], int], *,
+    def __init__(self, directory: Path, budget: int, *, min_tail: int = MIN_TAIL_BYTES,
                  clock: Callable[[], float] = time.time) -> None:
-        """``tail_bytes(n)``: how much of each journal's end a first look reads, when
-        ``n`` journals are followed."""
+        """``budget``: the bytes first looks read in all; each journal gets its share by
+        size (a busy journal holds more of the newest messages), at least ``min_tail``."""
         self.directory = directory
-        self._tail_bytes = tail_bytes
+        self._budget = budget
+        self._min_tail = min_tail
         self._clock = clock
         self._followed: dict[str, _Followed] = {}
 
@@ -81,8 +88,9 @@ class JournalFollower:
         for agent_id in self._listed(notices):
             if agent_id not in self._followed:
                 self._followed[agent_id] = _Followed(self.directory / (agent_id + _SUFFIX))
-        tail = self._tail_bytes(max(1, len(self._followed)))
+        total = max(1, sum(_size(f.path) for f in self._followed.values()))
         for agent_id, followed in list(self._followed.items()):
+            tail = max(self._min_tail, self._budget * _size(followed.path) // total)
             batch = self._read(agent_id, followed, tail, notices)
             if batch is None:
                 del self._followed[agent_id]
@@ -151,12 +159,14 @@ class JournalFollower:
                                           f"damaged line at byte {line.offset} "
                                           f"({decoded}): skipped"))
                 continue
-            seq = decoded.get("seq")
+            record = (redact(decoded) if line.raw is not None and may_hold_secret(line.raw)
+                      else decoded)
+            seq = record.get("seq")
             if isinstance(seq, int):
                 if seq <= f.last_seq:
                     continue
                 f.last_seq = seq
-            records.append(decoded)
+            records.append(record)
         return records, end
 
     def _torn(self, f: _Followed, end: int, size: int, notices: list[Notice]) -> None:
@@ -176,6 +186,13 @@ class JournalFollower:
         if f.problem != what:
             f.problem = what
             notices.append(Notice(self._clock(), str(f.path), what))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _first_whole_line(fd: int, cut: int) -> int:
