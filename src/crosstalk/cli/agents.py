@@ -7,6 +7,10 @@ A descriptor that does not read is not silently dropped: its agent may be runnin
 and unreachable. It is shown with a ``damaged`` field — its path, why it does not read, whether
 a live process holds its agent lock, and the fix — on the session's row if a harness lists
 that session, else on a row of its own. Rows without damage are exactly as before.
+
+On a terminal the table is drawn with ``rich`` (colour for status and reachability); in a pipe
+or a log it is the plain aligned text, and ``--json`` is the rows, byte for byte as before.
+``rich`` is imported only when it draws, so the plain paths cost nothing more.
 """
 
 from __future__ import annotations
@@ -113,8 +117,55 @@ def table(listed: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The colour of each status and of reachability in the rich table.
+STATUS_STYLE = {"idle": "green", "busy": "yellow", "waiting": "magenta", "shell": "cyan",
+                "unknown": "dim"}
+
+
+def rich_table(listed: Sequence[Mapping[str, Any]], out: IO[str]) -> None:
+    """The same table and notes as :func:`table`, drawn for a terminal. Every cell is a
+    ``Text``: a session's name is shown as named, never read as markup."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table(box=None, header_style="bold", pad_edge=False)
+    for key in COLUMNS:
+        grid.add_column(key.upper(), overflow="fold")
+    for r in listed:
+        cells = []
+        for key in COLUMNS:
+            value = r.get(key)
+            if key == "status" and r.get("waiting_for"):
+                cells.append(Text(f"waiting for {r['waiting_for']}", style="magenta"))
+            elif key == "status":
+                cells.append(Text(str(value or "-"), style=STATUS_STYLE.get(str(value), "")))
+            elif isinstance(value, bool):
+                style = "green" if value else ("red" if key == "reachable" else "dim")
+                cells.append(Text("yes" if value else "no", style=style))
+            else:
+                cells.append(Text("-" if value is None else str(value)))
+        grid.add_row(*cells)
+    # The table fits the terminal's width (its cells fold); a note is one line the terminal
+    # wraps, so a path or a fix command can be copied whole.
+    console = Console(file=out, force_terminal=True, highlight=False)
+    console.print(grid)
+    for r in listed:
+        label = r["name"] or r["agent_id"] or "?"
+        if r.get("damaged"):
+            d = r["damaged"]
+            console.print(Text.assemble(
+                f"  {label}: ", ("damaged descriptor", "bold red"),
+                f" {d['path']}: {d['reason']}; ", ("fix: ", "bold"), (d["fix"], "cyan")),
+                soft_wrap=True)
+        if r.get("unreachable_because"):
+            console.print(Text.assemble(f"  {label}: ", ("unreachable", "red"),
+                                        f": {r['unreachable_because']}"), soft_wrap=True)
+
+
 def run_agents(home: Path, *, as_json: bool = False, env: Mapping[str, str] | None = None,
-               out: IO[str] | None = None) -> int:
+               out: IO[str] | None = None, terminal: bool | None = None) -> int:
+    """``terminal``: draw with rich; by default when ``out`` is a terminal."""
     out = out or sys.stdout
     listed = rows(home, os.environ if env is None else env)
     if as_json:
@@ -122,6 +173,8 @@ def run_agents(home: Path, *, as_json: bool = False, env: Mapping[str, str] | No
     elif not listed:
         print("no sessions found (no CrossTalk agents, Claude sessions or Codex threads)",
               file=out)
+    elif out.isatty() if terminal is None else terminal:
+        rich_table(listed, out)
     else:
         print(table(listed), file=out)
     return 0

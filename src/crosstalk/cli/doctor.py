@@ -5,6 +5,9 @@ keys (:mod:`crosstalk.cli.state_checks`). ``--fix`` applies the fixes that are C
 and lose nothing (stale and damaged descriptors of agents that no longer run, loose
 permissions, damaged journal lines moved aside, empty directories in the way); harness
 settings are only ever reported.
+
+On a terminal each finding is drawn with ``rich`` (``ok`` green, ``PROBLEM`` red, the fix
+beside it); in a pipe or a log the lines are exactly :meth:`Finding.line`'s.
 """
 
 from __future__ import annotations
@@ -85,12 +88,36 @@ def diagnose(home: Path, env: Mapping[str, str], *, fix: bool = False) -> list[F
     return findings
 
 
+def rich_findings(findings: list[Finding], out: IO[str]) -> None:
+    """The findings for a terminal: the same words as the plain lines, in colour. Each is a
+    ``Text`` (a path or a name is shown as it is, never read as markup)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=out, force_terminal=True, highlight=False, soft_wrap=True)
+    for f in findings:
+        head = ("ok      ", "green") if f.ok else ("PROBLEM ", "bold red")
+        console.print(Text.assemble(head, f.what))
+        if f.fix:
+            console.print(Text.assemble("        ", ("fix: ", "bold"), (f.fix, "cyan")))
+    problems = sum(not f.ok for f in findings)
+    console.print(Text(_count(problems), style="bold red" if problems else "bold green"))
+
+
+def _count(problems: int) -> str:
+    return f"{problems} problem{'s' if problems != 1 else ''}"
+
+
 def run_doctor(home: Path, *, fix: bool = False, env: Mapping[str, str] | None = None,
-               out: IO[str] | None = None) -> int:
+               out: IO[str] | None = None, terminal: bool | None = None) -> int:
+    """``terminal``: draw with rich; by default when ``out`` is a terminal."""
     out = out or sys.stdout
     findings = diagnose(home, os.environ if env is None else env, fix=fix)
-    for finding in findings:
-        print(finding.line(), file=out)
     problems = sum(not f.ok for f in findings)
-    print(f"{problems} problem{'s' if problems != 1 else ''}", file=out)
+    if out.isatty() if terminal is None else terminal:
+        rich_findings(findings, out)
+    else:
+        for finding in findings:
+            print(finding.line(), file=out)
+        print(_count(problems), file=out)
     return 1 if problems else 0
