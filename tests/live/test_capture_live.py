@@ -5,8 +5,8 @@ user would, with no restart of anything), then A's model sends B a message with
 ``send_message`` and a script sends B one with ``crosstalk send``. The capture shows the
 A2A request and its answer, the uds frames and the very ack the script got, the frames B's
 gate helper wrote into Claude's inbox and Claude's ``held`` receipt for the script's message
-(a script is held for B's user); B's model gets A's message as it would without the
-capture; and no token
+(a script is held for B's user), then its ``denied`` receipt once B's user denies it; B's
+model gets A's message as it would without the capture; and no token
 or key of the machine (CrossTalk's bearer credentials and uds keys, Claude's peer tokens) is
 anywhere in what the capture printed.
 """
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from tests.live.conftest import Timings
-from tests.live.support.claude import LiveClaude, World, is_main
-from tests.live.support.gate import BYPASS, model_saw, send_once
+from tests.live.support.claude import LiveClaude, World, is_main, wait_for
+from tests.live.support.gate import BYPASS, choose, model_saw, send_once
 from tests.live.support.steps import start_all, unique
 
 pytestmark = pytest.mark.live
@@ -99,6 +99,9 @@ def test_capture_b_while_as_claude_sends_to_b(world: World, timings: Timings) ->
         # A script is no Claude session: Claude holds its frame for B's user (ADR 0020).
         ack = json.loads(done.stdout)
         assert (ack["state"], ack["reason"]) == ("unknown", "held_for_approval"), done.stderr
+        choose(beta, deliver=False)  # B's user denies it (and the dialog is gone for /exit)
+        wait_for(lambda: "denied" in _bodies(capture.frames(), "claude_receipt", "in"), 20,
+                 what="Claude's denied receipt in the capture")
     finally:
         code = capture.stop()
     assert code == 0, capture.err
