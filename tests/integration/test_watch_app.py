@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -279,14 +280,24 @@ async def test_the_table_holds_the_newest_rows_and_a_filter_finds_older_ones() -
                            steps=[StateStep(now + i, "accepted")])
 
     class Filled:
+        """A feed whose poll (run in the app's worker thread, as the real one is) and the
+        test's additions take turns, as the real feed's poll and its journals' writers do."""
+
         def __init__(self) -> None:
             self.board = board
+            self.lock = threading.Lock()
             self.queued = [Change("message", now, m.message_id, "", {})
                            for m in map(message, range(1500)) if board.keep(m) is None]
 
         def poll(self) -> list[Change]:
-            out, self.queued = self.queued, []
+            with self.lock:
+                out, self.queued = self.queued, []
             return out
+
+        def add(self, view: MessageView) -> None:
+            with self.lock:
+                board.keep(view)
+                self.queued.append(Change("message", now, view.message_id, "", {}))
 
     feed = Filled()
     app = WatchApp(feed, poll_interval=0.05)
@@ -295,8 +306,7 @@ async def test_the_table_holds_the_newest_rows_and_a_filter_finds_older_ones() -
         assert app.messages.row_count == MAX_ROWS
         assert next(iter(app.shown)) == f"m{1500 - MAX_ROWS:05d}"
         await until(lambda: app.selected == "m01499", "the cursor on the newest")
-        board.keep(message(1500))
-        feed.queued.append(Change("message", now, "m01500", "", {}))
+        feed.add(message(1500))
         await until(lambda: app.selected == "m01500", "a new message followed")
         assert app.messages.row_count == MAX_ROWS
         assert "m00000" not in app.messages.rows

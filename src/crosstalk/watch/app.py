@@ -141,7 +141,10 @@ class WatchApp(App[int]):
             finally:
                 self._polling = False
             self.polls += 1
-            self.apply(changes)
+            try:
+                self.apply(changes)
+            except NoMatches:  # the app closed while the poll ran: its widgets are gone
+                return
             await asyncio.sleep(self.poll_interval)
 
     def apply(self, changes: list[Change]) -> None:

@@ -108,7 +108,7 @@ def message_data(view: MessageView, *, text: bool) -> dict[str, Any]:
 def message_line(view: MessageView, ts: float, what: str) -> str:
     """``14:03:07 alice → bob ask accepted (reason) «text…»``."""
     return (f"{clock(ts)} {view.sender_label} → {view.to_name or view.to_agent} "
-            f"{view.kind} {what}").rstrip()
+            f"{view.shown_kind} {what}").rstrip()
 
 
 def message_change(kind: ChangeKind, view: MessageView, ts: float, what: str,

@@ -96,6 +96,12 @@ class MessageView:
         return self.steps[-1].reason if self.steps else None
 
     @property
+    def shown_kind(self) -> str:
+        """The kind as people read it: an inform that answers a message is a ``reply`` (the
+        reply tool sends one; its record says ``inform`` with ``in_reply_to``)."""
+        return "reply" if self.in_reply_to and self.kind == "inform" else self.kind
+
+    @property
     def first_ts(self) -> float:
         return self.steps[0].ts if self.steps else 0.0
 

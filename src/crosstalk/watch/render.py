@@ -85,7 +85,7 @@ def message_cells(message: MessageView, now: float, depth: int = 0) -> tuple[str
     if message.reason:
         state = f"{state} ({clip(message.reason, ROW_REASON)})"
     text = clip(" ".join(message.text.split()), ROW_TEXT)
-    return (clock(message.first_ts), route(message, depth), message.kind, state,
+    return (clock(message.first_ts), route(message, depth), message.shown_kind, state,
             ask_cell(message, now), message.receipt or "", text)
 
 
@@ -153,6 +153,6 @@ def thread_lines(thread: Sequence[MessageView], selected: MessageView, board: Bo
     for m in thread:
         mark = "▸" if m.message_id == selected.message_id else " "
         text = " ".join(m.text.split())[:40]
-        out.append(f" {mark}{clock(m.first_ts)} {route(m, depth_in(board, m))}  {m.kind} "
+        out.append(f" {mark}{clock(m.first_ts)} {route(m, depth_in(board, m))}  {m.shown_kind} "
                    f"{m.state} {ask_cell(m, now)} «{text}»".rstrip())
     return out
