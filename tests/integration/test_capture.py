@@ -31,9 +31,11 @@ from crosstalk.harness.claude.receipts import Tracker
 from crosstalk.harness.claude.registry import ClaudeSession
 from crosstalk.harness.codex import CodexHarness, control_socket
 from crosstalk.harness.fake import FakeHarness
+from crosstalk.harness.opencode import OpencodeHarness, host_record
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
 from tests.support.fakes.codex_app_server import fake_app_server
+from tests.support.fakes.opencode_instance import FakeOpencode
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -367,3 +369,46 @@ async def test_codex_json_rpc_for_the_agents_thread_is_captured(
     assert answers[0]["result"]["turn"]["id"] == thread.turn
     assert not any(f["frame"].get("method") in ("initialize", "thread/loaded/list")
                    for f in capture.where("codex_rpc"))
+
+
+async def test_opencode_http_for_the_agents_session_is_captured(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """What the opencode injector sends its host instance (``prompt_async`` with the envelope)
+    and what it reads back (the 204, the event that proves the message stored) appear."""
+    folder = tempfile.mkdtemp(prefix="ct-oc-", dir="/tmp")
+    project = tmp_path / "project"
+    project.mkdir()
+    state = tmp_path / "state"
+    fake = await FakeOpencode(os.path.join(folder, "i.sock"), str(project), str(state)).start()
+    try:
+        sid = fake.add_session("work")
+        reg = Registry(state)
+        host_env = {"CROSSTALK_HOME": str(state)}
+        harness = OpencodeHarness(sid, lambda: host_record(host_env, fake.pid, fake.directory))
+        bob = Agent(reg, AgentSpec(harness, sid, str(project), "bob"), env=env)
+        alice = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"),
+                      env=env)
+        await bob.start()
+        await alice.start()
+        try:
+            capture = await Capture.start(state, "bob")
+            sent = await alice.send("bob", "into opencode", until_delivered=True)
+            assert sent.state == "accepted"
+            await eventually(lambda: capture.where("opencode_http", "in"), what="frames")
+            code, err = await capture.stop()
+            keys = secrets_of(state)
+        finally:
+            await alice.stop()
+            await bob.stop()
+    finally:
+        await fake.stop()
+    assert code == 0, err
+    (post,) = [f["frame"] for f in capture.where("opencode_http", "out")]
+    assert post["path"] == f"/session/{sid}/prompt_async"
+    assert "into opencode" in post["body"]["parts"][0]["text"]
+    back = [f["frame"] for f in capture.where("opencode_http", "in")]
+    assert {"status": 204} in back
+    assert any(e.get("type") == "message.part.updated"
+               and e["properties"]["part"].get("metadata", {}).get("crosstalk", {})
+               .get("msg_id") == sent.message_id for e in back)
+    assert not [k[:4] for k in keys if k in "".join(capture.raw)]

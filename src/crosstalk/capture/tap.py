@@ -44,6 +44,8 @@ A2A: Final = "a2a"
 CLAUDE_INBOX: Final = "claude_inbox"
 CLAUDE_RECEIPT: Final = "claude_receipt"
 CODEX_RPC: Final = "codex_rpc"
+#: What the opencode injector sends its host instance and the events it reads back.
+OPENCODE_HTTP: Final = "opencode_http"
 #: Which way it went, seen from the agent.
 IN: Final = "in"
 OUT: Final = "out"

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from crosstalk.capture.tap import IN, OPENCODE_HTTP, OUT, TAPS, Tap
 from crosstalk.core.envelope import render_peer
 from crosstalk.core.message import Ingress, Kind
 from crosstalk.core.states import MessageState
@@ -157,6 +158,7 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
                     answer_grace: float = ANSWER_GRACE) -> Outcome:
     """Prompt ``session_id`` on the instance at ``socket_path`` and report the evidence."""
     message_id = delivery.message.message_id
+    tap = TAPS.tap_for(delivery.reply_address)  # the agent whose frames these are (capture)
     async with Instance(socket_path, env=env) as api:
         events = api.events()
         try:
@@ -174,11 +176,13 @@ async def inject_at(socket_path: str, session_id: str, delivery: Delivery, *,
         # A noReply message starts no turn: there is nothing to watch after it is stored.
         grace = answer_grace if delivery.wake else 0.0
         watcher = asyncio.ensure_future(
-            _watch(events, session_id, message_id, evidence_timeout, grace))
+            _watch(events, session_id, message_id, evidence_timeout, grace, tap=tap))
         try:
             try:
-                status, _ = await api.post(f"/session/{session_id}/prompt_async",
-                                           prompt_body(delivery))
+                route, body = f"/session/{session_id}/prompt_async", prompt_body(delivery)
+                tap.emit(OPENCODE_HTTP, OUT, {"method": "POST", "path": route, "body": body})
+                status, _ = await api.post(route, body)
+                tap.emit(OPENCODE_HTTP, IN, {"status": status})
             except NotSent as exc:
                 return Outcome(MessageState.UNREACHABLE, exc.reason)
             except HTTPStatus as exc:
@@ -264,7 +268,8 @@ async def _turn_settles(events: AsyncIterator[dict[str, Any]], session_id: str,
 
 
 async def _watch(events: AsyncIterator[dict[str, Any]], session_id: str, message_id: str,
-                 evidence_timeout: float, answer_grace: float) -> tuple[str | None, str | None]:
+                 evidence_timeout: float, answer_grace: float, *,
+                 tap: Tap | None = None) -> tuple[str | None, str | None]:
     """(the stored user message id or ``None``, how the watch ended)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + evidence_timeout
@@ -275,6 +280,8 @@ async def _watch(events: AsyncIterator[dict[str, Any]], session_id: str, message
             if left <= 0:
                 return stored, None if stored else "opencode_no_evidence"
             event = await asyncio.wait_for(anext(events), left)
+            if tap is not None:
+                tap.emit(OPENCODE_HTTP, IN, event)
             if event.get("type") == "server.instance.disposed":
                 return stored, "opencode_instance_gone"
             if stored is None:
