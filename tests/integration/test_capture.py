@@ -34,6 +34,7 @@ from crosstalk.harness.fake import FakeHarness
 from crosstalk.harness.opencode import OpencodeHarness, host_record
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
+from tests.support.agents import fake_agent, running
 from tests.support.fakes.codex_app_server import fake_app_server
 from tests.support.fakes.opencode_instance import FakeOpencode
 from tests.support.waiting import eventually
@@ -48,16 +49,10 @@ def env() -> dict[str, str]:
 
 @pytest.fixture
 async def pair(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[tuple[Agent, Agent]]:
-    reg = Registry(tmp_path / "state")
-    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w/proj", "alice"), env=env)
-    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w/proj", "bob"), env=env)
-    await a.start()
-    await b.start()
-    try:
+    home = tmp_path / "state"
+    async with running(fake_agent(home, env, "sess-a", "alice", cwd="/w/proj"),
+                       fake_agent(home, env, "sess-b", "bob", cwd="/w/proj")) as (a, b):
         yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 def texts(agent: Agent) -> list[str]:

@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Static
 
-from crosstalk.agent import Agent, AgentSpec
+from crosstalk.agent import Agent
 from crosstalk.config import journal_path
-from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Registry
 from crosstalk.watch.app import MAX_ROWS, WatchApp
 from crosstalk.watch.feed import Feed
 from crosstalk.watch.model import Board, Change, MessageView, StateStep
-from tests.support.agents import register_agent
+from tests.support.agents import fake_agent, register_agent, running
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -38,21 +37,11 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-def agent(home: Path, env: dict[str, str], session: str, name: str) -> Agent:
-    return Agent(Registry(home), AgentSpec(FakeHarness(name="fake"), session, "/w", name),
-                 env=env)
-
-
 @pytest.fixture
 async def pair(home: Path, env: dict[str, str]) -> AsyncIterator[tuple[Agent, Agent]]:
-    a, b = agent(home, env, "sess-a", "alice"), agent(home, env, "sess-b", "bob")
-    await a.start()
-    await b.start()
-    try:
+    async with running(fake_agent(home, env, "sess-a", "alice"),
+                       fake_agent(home, env, "sess-b", "bob")) as (a, b):
         yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 def watch(home: Path, env: dict[str, str], **kwargs: str) -> WatchApp:
@@ -104,7 +93,7 @@ async def test_sessions_appear_and_leave(pair: tuple[Agent, Agent], home: Path,
         alice = pair[0].agent_id
         assert [str(c) for c in app.sessions.get_row(alice)] == [
             "alice", "fake", "unknown", "yes", "yes", "primary"]
-        carol = agent(home, env, "sess-c", "carol")
+        carol = fake_agent(home, env, "sess-c", "carol")
         await carol.start()
         try:
             await until(lambda: "carol" in session_names(app), "carol appears")

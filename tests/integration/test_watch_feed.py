@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 
-from crosstalk.agent import Agent, AgentSpec
+from crosstalk.agent import Agent
 from crosstalk.config import journal_path
 from crosstalk.core.states import AskState
-from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Registry
 from crosstalk.watch.feed import Feed
 from crosstalk.watch.model import Change
-from tests.support.agents import register_agent
+from tests.support.agents import fake_agent, register_agent, running
 
 pytestmark = pytest.mark.anyio
 
@@ -38,21 +37,11 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-def agent(home: Path, env: dict[str, str], session: str, name: str) -> Agent:
-    return Agent(Registry(home), AgentSpec(FakeHarness(name="fake"), session, "/w", name),
-                 env=env)
-
-
 @pytest.fixture
 async def pair(home: Path, env: dict[str, str]) -> AsyncIterator[tuple[Agent, Agent]]:
-    a, b = agent(home, env, "sess-a", "alice"), agent(home, env, "sess-b", "bob")
-    await a.start()
-    await b.start()
-    try:
+    async with running(fake_agent(home, env, "sess-a", "alice"),
+                       fake_agent(home, env, "sess-b", "bob")) as (a, b):
         yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 class Watched:
@@ -85,7 +74,7 @@ async def test_sessions_appear_and_leave(pair: tuple[Agent, Agent], home: Path,
     start = await w.poll()
     added = {c.data["session"]["name"] for c in start if c.kind == "session_added"}
     assert {"alice", "bob"} <= added
-    carol = agent(home, env, "sess-c", "carol")
+    carol = fake_agent(home, env, "sess-c", "carol")
     await carol.start()
     try:
         await w.until(lambda w: any(c.kind == "session_added" and c.key == carol.agent_id

@@ -6,13 +6,16 @@ test publishes another process's (a child's pid and start time, a harness pid).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 from crosstalk import proc
+from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.ids import agent_id_for, new_instance_id
 from crosstalk.core.naming import name_candidates
+from crosstalk.harness.fake import FakeHarness
 from crosstalk.store.registry import Descriptor, Registration, Registry, own_process_identity
 
 #: The working directory registered agents report unless a test names one.
@@ -70,3 +73,24 @@ def plant_dead_agent(registry: Registry) -> Descriptor:
                        credential_ref="/nowhere")
     registry.descriptor_path(stale.agent_id).write_bytes(stale.to_json())
     return stale
+
+
+def fake_agent(home: Path, env: dict[str, str], session: str, name: str, *,
+               cwd: str = "/w") -> Agent:
+    """A real agent whose session is the fake harness (``harness.fake``), not started."""
+    return Agent(Registry(home), AgentSpec(FakeHarness(name="fake"), session, cwd, name),
+                 env=env)
+
+
+@contextlib.asynccontextmanager
+async def running(*agents: Agent) -> AsyncIterator[tuple[Agent, ...]]:
+    """Start ``agents`` in order; stop every one that started, whatever happens."""
+    started: list[Agent] = []
+    try:
+        for agent in agents:
+            await agent.start()
+            started.append(agent)
+        yield agents
+    finally:
+        for agent in started:
+            await agent.stop()
