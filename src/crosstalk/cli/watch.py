@@ -16,6 +16,7 @@ from typing import IO
 
 from crosstalk.watch.feed import Feed
 from crosstalk.watch.lines import Filters, run_lines
+from crosstalk.watch.model import Change
 
 EXIT_NO_UI = 2
 
@@ -29,6 +30,7 @@ def run_watch(home: Path, *, plain: bool = False, as_json: bool = False,
     filters = Filters(agent=agent, harness=harness, state=state)
     if plain or as_json or not out.isatty():
         return run_lines(feed, out, as_json=as_json, interval=interval, filters=filters)
+    first = Polled(feed, feed.poll())  # before textual is imported: nothing competes
     try:
         # By name: the app is its own module (textual is imported there only), and a build
         # without it still has the line feed.
@@ -38,4 +40,17 @@ def run_watch(home: Path, *, plain: bool = False, as_json: bool = False,
               "use --plain or --json", file=sys.stderr)
         return EXIT_NO_UI
     run_app: Callable[..., int] = app.run_app
-    return run_app(feed, agent=agent, harness=harness, state=state)
+    return run_app(first, agent=agent, harness=harness, state=state)
+
+
+class Polled:
+    """A feed whose first poll has already run: the app's first :meth:`poll` gets its
+    changes, later ones go to the feed."""
+
+    def __init__(self, feed: Feed, changes: list[Change]) -> None:
+        self.feed, self.board = feed, feed.board
+        self._first: list[Change] | None = changes
+
+    def poll(self) -> list[Change]:
+        first, self._first = self._first, None
+        return first if first is not None else self.feed.poll()
