@@ -235,6 +235,19 @@ async def test_the_follow_up_reads_what_happened_before_it_started(fake: FakeOpe
     assert receipt3.reason == "opencode_turn_ended_unanswered"
 
 
+async def test_an_abort_between_the_follow_ups_two_reads_is_an_abort(
+        fake: FakeOpencode) -> None:
+    # The messages are read, then the user aborts, then the status would show idle: read in
+    # that order, the abort looked like a loop that ended without the message (CI saw it).
+    _, d, out = await _held(fake, "aborted while the follow-up reads")
+    fake.behaviour.abort_after_messages_read = True
+    assert out.follow_up is not None
+    receipt = await asyncio.wait_for(out.follow_up(), 10)
+    assert receipt is not None
+    assert (receipt.message_id, receipt.reason) == (d.message.message_id,
+                                                    "opencode_aborted_before_answer")
+
+
 async def test_a_follow_up_whose_instance_goes_away_says_nothing(fake: FakeOpencode) -> None:
     _, _, out = await _held(fake, "then opencode quits")
     assert out.follow_up is not None

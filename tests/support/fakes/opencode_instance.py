@@ -56,6 +56,9 @@ class Behaviour:
     #: A waking prompt joins a loop that is still running (a tool loop): it is stored, and the
     #: loop takes it only at :meth:`FakeOpencode.finish_step` (or never: ``abort``).
     hold_turns: bool = False
+    #: The user aborts the running loop just after a ``GET /session/{id}/message`` has been
+    #: answered (the rows sent are from before the abort): a reader racing an abort.
+    abort_after_messages_read: bool = False
     vanish_on_prompt: bool = False
     #: Answer 204, then go away before storing it (disposed: the streams end).
     vanish_after_prompt: bool = False
@@ -321,10 +324,17 @@ class FakeOpencode:
             if method == "GET" and len(parts) == 2:
                 return 200, self.sessions[sid]
             if method == "GET" and parts[2:] == ["message"]:
-                return 200, self.messages[sid]
+                return 200, self._messages_of(sid)
             if method == "POST" and parts[2:] == ["prompt_async"]:
                 return self._prompt(sid, raw)
         return 404, "404 Not Found"
+
+    def _messages_of(self, sid: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = json.loads(json.dumps(self.messages[sid]))  # as sent
+        if self.behaviour.abort_after_messages_read:
+            self.behaviour.abort_after_messages_read = False
+            asyncio.get_running_loop().call_soon(self.abort, sid)
+        return rows
 
     def _prompt(self, sid: str, raw: bytes) -> tuple[int | None, Any]:
         if self.behaviour.prompt_route_missing:

@@ -240,16 +240,21 @@ async def follow_turn(socket_path: str, session_id: str, message_id: str, user_i
 
 async def _settled_now(api: Instance, session_id: str, user_id: str) -> str | None:
     """How the turn stands in the session as stored now: ``answered``, how it ended without
-    the message (the session not busy and no step after it), or ``None`` (still running)."""
+    the message (the session not busy and no step after it), or ``None`` (still running).
+
+    The status is read *before* the messages: a loop that ends stores its last step (with an
+    abort's error) before it goes idle, so messages read after an idle status are final. Read
+    the other way round, an abort between the two reads looked like a plain end (CI saw it).
+    """
+    status = await api.get("/session/status")  # active sessions only (research §3)
     rows = await api.get(f"/session/{session_id}/message", {"limit": "50"})
     infos = [row["info"] for row in rows if isinstance(row, dict)
              and isinstance(row.get("info"), dict)] if isinstance(rows, list) else []
     if any(_answers(info, user_id) for info in infos):
         return "answered"
-    status = await api.get("/session/status")  # active sessions only (research §3)
     state = status.get(session_id) if isinstance(status, dict) else None
     if isinstance(state, dict) and state.get("type") != "idle":
-        return None  # busy (or retrying): the loop may still take it
+        return None  # busy (or retrying): the loop may still take it (the stream will say)
     last = next((i for i in reversed(infos) if i.get("role") == "assistant"), None)
     error = last.get("error") if last is not None else None
     aborted = isinstance(error, dict) and error.get("name") == "MessageAbortedError"
