@@ -27,7 +27,6 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from watch import _median as median
 from watch import build, emit, hwm_mb, run_child, run_watch  # bench/watch.py: its machine
 
 RUNS = itertools.count()
@@ -71,10 +71,6 @@ def run_ui(home: Path, sessions: int, timeout: float = 30.0) -> dict[str, Any]:
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
     return {"seconds": took, "peak_rss_mb": rss, "screen": first.strip()}
-
-
-def median(reports: list[dict[str, Any]], key: str) -> float:
-    return round(float(statistics.median(r[key] for r in reports)), 3)
 
 
 def main() -> None:
