@@ -54,9 +54,14 @@ def test_an_opencode_run_session_is_an_agent_while_it_runs_and_takes_a_message(
         listed, _ = claude_does(world, alpha, "list_agents")
         row = next(a for a in listed["agents"] if a["name"] == desc["name"])
         assert (row["harness"], row["crosstalk"]) == ("opencode", True), row
-        # Registered with its first model request still unanswered: no tool was called.
-        assert len([e for e in ow.entries()
-                    if e.get("kind") == "main" and e.get("session") == sid]) == 1
+        # Registered before its first model answer: the run may register before its first
+        # request reaches the model (CI saw 0 requests here), so wait for that request, held
+        # by the gate; with the answer held, no second request (no tool call) can exist.
+        def mains() -> int:
+            return len([e for e in ow.entries()
+                        if e.get("kind") == "main" and e.get("session") == sid])
+        wait_for(lambda: mains() >= 1, 60, what="the run's first model request")
+        assert mains() == 1
         text = unique("TO-RUN")
         result, sent = claude_does(world, alpha, "send_message", to=desc["name"], text=text)
         assert result.get("state") == "accepted", result
