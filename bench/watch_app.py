@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from watch import _median as median
-from watch import build, emit, hwm_mb, run_child, run_watch  # bench/watch.py: its machine
+from watch import build, emit, hwm_mb, median, run_child, run_watch  # bench/watch.py: its machine
 
 RUNS = itertools.count()
 

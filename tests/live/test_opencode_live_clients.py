@@ -17,6 +17,7 @@ from tests.live.support.opencode_steps import (
     last_user_of,
     oc_descriptor,
     oc_descriptors,
+    oc_requests,
     wait_oc_descriptor,
     wait_oc_request,
     with_crosstalk,
@@ -57,11 +58,8 @@ def test_an_opencode_run_session_is_an_agent_while_it_runs_and_takes_a_message(
         # Registered before its first model answer: the run may register before its first
         # request reaches the model (CI saw 0 requests here), so wait for that request, held
         # by the gate; with the answer held, no second request (no tool call) can exist.
-        def mains() -> int:
-            return len([e for e in ow.entries()
-                        if e.get("kind") == "main" and e.get("session") == sid])
-        wait_for(lambda: mains() >= 1, 60, what="the run's first model request")
-        assert mains() == 1
+        wait_for(lambda: oc_requests(ow, sid), 60, what="the run's first model request")
+        assert len(oc_requests(ow, sid)) == 1
         text = unique("TO-RUN")
         result, sent = claude_does(world, alpha, "send_message", to=desc["name"], text=text)
         assert result.get("state") == "accepted", result
