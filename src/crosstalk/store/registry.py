@@ -35,6 +35,7 @@ import hmac
 import os
 import stat
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,25 +192,40 @@ class Registry:
         """Every descriptor file, with its liveness; unparseable files are reported apart."""
         listed: list[Listed] = []
         bad: list[Unreadable] = []
+        for path, read in self._read_all():
+            if isinstance(read, Unreadable):
+                bad.append(read)
+            else:
+                listed.append(Listed(read, liveness(read), path))
+        return listed, bad
+
+    def _read_all(self) -> Iterator[tuple[Path, Descriptor | Unreadable]]:
+        """Every descriptor file, parsed, with no liveness verdict yet: a lookup asks the
+        (``/proc``-reading) liveness test only of the descriptors it matches, so resolving one
+        name or token among many costs one test, not one per registered agent."""
         for path in sorted(self.agents_dir.glob("*.json")):
             try:
                 desc = read_descriptor(path)
             except (OSError, DescriptorError) as exc:
-                bad.append(Unreadable(path, str(exc)))
+                yield path, Unreadable(path, str(exc))
                 continue
             if path.stem != desc.agent_id:
-                bad.append(Unreadable(path, "file name does not match agent_id"))
+                yield path, Unreadable(path, "file name does not match agent_id")
                 continue
-            listed.append(Listed(desc, liveness(desc), path))
-        return listed, bad
+            yield path, desc
+
+    def _live_where(self, match: Callable[[Descriptor], bool]) -> Iterator[Descriptor]:
+        for _, read in self._read_all():
+            if (isinstance(read, Descriptor) and match(read)
+                    and liveness(read) is DescriptorLiveness.LIVE):
+                yield read
 
     def live(self) -> list[Descriptor]:
-        listed = self.scan()[0]
-        return [item.descriptor for item in listed if item.liveness is DescriptorLiveness.LIVE]
+        return list(self._live_where(lambda _: True))
 
     def find(self, name_or_id: str) -> list[Descriptor]:
         """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
-        return [d for d in self.live() if name_or_id in (d.name, d.agent_id)]
+        return list(self._live_where(lambda d: name_or_id in (d.name, d.agent_id)))
 
     def agent_for_token(self, token: str) -> Descriptor | None:
         """The live agent whose bearer token this is (A2A sender identity), else ``None``.
@@ -220,24 +236,24 @@ class Registry:
         if not token:
             return None
         presented = token.encode()
-        for d in self.live():
-            path = self.credential_path(d.agent_id)
-            if Path(d.credential_ref) != path:
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o077:
-                    continue
-                stored = os.read(fd, 256).strip()
-            finally:
-                os.close(fd)
-            if stored and hmac.compare_digest(stored, presented):
-                return d
-        return None
+        return next(self._live_where(lambda d: self._holds_token(d, presented)), None)
+
+    def _holds_token(self, d: Descriptor, presented: bytes) -> bool:
+        path = self.credential_path(d.agent_id)
+        if Path(d.credential_ref) != path:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o077:
+                return False
+            stored = os.read(fd, 256).strip()
+        finally:
+            os.close(fd)
+        return bool(stored) and hmac.compare_digest(stored, presented)
 
     def live_descriptor(self, agent_id: str) -> Descriptor | None:
         """``agent_id``'s descriptor if its owner is live, else ``None`` (one file, no scan)."""
@@ -265,10 +281,7 @@ class Registry:
 
     def holder_of(self, name: str) -> Descriptor | None:
         """The live registration currently using ``name``, if any."""
-        for d in self.live():
-            if d.name == name:
-                return d
-        return None
+        return next(self._live_where(lambda d: d.name == name), None)
 
     def sweep_stale(self, *, now: float | None = None) -> list[str]:
         """Remove descriptors (and bearer tokens) of dead owners; returns the agent ids removed.
