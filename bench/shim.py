@@ -1,4 +1,4 @@
-"""Shim benchmark: ``crosstalk mcp`` start-up, ``list_agents`` over 200 agents, shim memory.
+"""Shim benchmark: ``crosstalk mcp`` start-up, ``list_agents`` over 200 and 1,000 agents, memory.
 
 Drives real ``python -m crosstalk mcp`` processes with the official MCP client over stdio, with
 ``CROSSTALK_HARNESS=fake`` standing in for the sessions (a call names its session in ``_meta``
@@ -9,7 +9,8 @@ every figure's baseline is measured in the same run:
   start (spawn ``python -c "import sys"`` and reap it) and a bare official-SDK stdio server with
   one tool (``bench/_bare_mcp_server.py``), so the figure shows what CrossTalk adds over the SDK.
   Runs are interleaved round-robin after one untimed warm-up round.
-* ``list_agents_200``: ``list_agents`` answered by a fresh shim while 200 agents are registered
+* ``list_agents_200`` (and ``_1000``): ``list_agents`` answered by a fresh shim while 200
+  (1,000) agents are registered
   (fake sessions spread over several shims, one ``receive_message`` each). Baselines: the raw
   descriptor read (``Registry.scan()`` in this process on the same state directory) and an
   unbound ``tools/call`` on the same client (the stdio + dispatch floor; it touches no state).
@@ -21,7 +22,8 @@ every figure's baseline is measured in the same run:
 
 Percentiles are nearest-rank (with few runs p99 is the maximum). Everything lives in a temp dir
 under /tmp; agents listen on 127.0.0.1 and unix sockets only. Progress goes to stderr.
-Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50] [--calls 50]``.
+Both listings run with 200 and with 1,000 agents (``--sessions 50,250``).
+Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50,250] [--calls 50]``.
 """
 
 from __future__ import annotations
@@ -236,7 +238,7 @@ async def bench_start(tmp: Path, runs: int) -> None:
          note="spawn python -m crosstalk mcp, initialize, first tools/list answered")
 
 
-# -- 2. list_agents with 200 agents ----------------------------------------------------------
+# -- 2. list_agents with 200 (1,000) agents----------------------------------------------------
 
 
 async def timed_calls(client: Client, calls: int, name: str,
@@ -416,20 +418,27 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     await bench_start(tmp, args.runs)
-    await bench_list_agents(tmp, args.shims, args.sessions, args.calls)
-    await bench_claude_discovery(tmp, args.shims * args.sessions, args.calls)
+    for sessions in args.sessions:
+        await bench_list_agents(tmp, args.shims, sessions, args.calls)
+        await bench_claude_discovery(tmp, args.shims * sessions, args.calls)
     await bench_rss(tmp, args.agents)
+
+
+def _counts(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--runs", type=int, default=20, help="timed start-ups of each kind")
     ap.add_argument("--shims", type=int, default=4, help="shims serving the listed agents")
-    ap.add_argument("--sessions", type=int, default=50, help="fake sessions per shim")
+    ap.add_argument("--sessions", type=_counts, default=[50, 250],
+                    help="fake sessions per shim, one listing per count (default 50,250: "
+                         "200 and 1,000 agents)")
     ap.add_argument("--calls", type=int, default=50, help="timed list_agents calls")
     ap.add_argument("--agents", type=int, default=8, help="agents in the memory figure")
     args = ap.parse_args()
-    if min(args.runs, args.shims, args.sessions, args.calls, args.agents) < 1:
+    if min(args.runs, args.shims, *args.sessions, args.calls, args.agents) < 1:
         ap.error("every count must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="ct-bs-", dir="/tmp"))
     try:
