@@ -192,11 +192,12 @@ class Registry:
         """Every descriptor file, with its liveness; unparseable files are reported apart."""
         listed: list[Listed] = []
         bad: list[Unreadable] = []
+        verdict = _LivenessMemo()
         for path, read in self._read_all():
             if isinstance(read, Unreadable):
                 bad.append(read)
             else:
-                listed.append(Listed(read, liveness(read), path))
+                listed.append(Listed(read, verdict(read), path))
         return listed, bad
 
     def _read_all(self) -> Iterator[tuple[Path, Descriptor | Unreadable]]:
@@ -215,9 +216,10 @@ class Registry:
             yield path, desc
 
     def _live_where(self, match: Callable[[Descriptor], bool]) -> Iterator[Descriptor]:
+        verdict = _LivenessMemo()
         for _, read in self._read_all():
             if (isinstance(read, Descriptor) and match(read)
-                    and liveness(read) is DescriptorLiveness.LIVE):
+                    and verdict(read) is DescriptorLiveness.LIVE):
                 yield read
 
     def live(self) -> list[Descriptor]:
@@ -323,6 +325,23 @@ class Registry:
                 with contextlib.suppress(OSError):
                     if now - tmp.lstat().st_mtime > _TEMP_FILE_GRACE:
                         tmp.unlink()
+
+
+class _LivenessMemo:
+    """One scan's liveness verdicts by process: a shim serving several agents (a session and
+    its subagents, or a bench's 50 sessions) publishes one descriptor each with the same pid
+    and start time, and each test reads ``/proc``. Kept for one scan only, so a process that
+    exits is seen dead by the next scan."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str | None, int, str], DescriptorLiveness] = {}
+
+    def __call__(self, desc: Descriptor) -> DescriptorLiveness:
+        key = (desc.pid_domain, desc.pid, desc.started_at)
+        known = self._seen.get(key)
+        if known is None:
+            known = self._seen[key] = liveness(desc)
+        return known
 
 
 def _checked_id(agent_id: str) -> str:
