@@ -278,7 +278,7 @@ async def time_listing(lister: Client, reg: Registry, total: int, calls: int,
 
 
 async def bench_list_agents(tmp: Path, shims: int, sessions: int, calls: int) -> None:
-    env = world(tmp, "list")
+    env = world(tmp, f"list-{shims * sessions}")
     total = shims * sessions
     up = [asyncio.Event() for _ in range(shims)]
     done = [asyncio.Event() for _ in range(shims)]
@@ -333,7 +333,7 @@ async def bench_claude_discovery(tmp: Path, sessions: int, calls: int) -> None:
     Each "session" is a real sleeping process with a Claude record in the world's config dir,
     so the liveness check (pid + start time) runs for real. Baseline: ``discover()`` in-process.
     """
-    env = world(tmp, "claude")
+    env = world(tmp, f"claude-{sessions}")
     records = Path(env["CLAUDE_CONFIG_DIR"]) / "sessions"
     records.mkdir(parents=True, mode=0o700)
     sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(sessions)]
