@@ -204,7 +204,7 @@ class Registry:
         """Every descriptor file, parsed, with no liveness verdict yet: a lookup asks the
         (``/proc``-reading) liveness test only of the descriptors it matches, so resolving one
         name or token among many costs one test, not one per registered agent."""
-        for path in sorted(self.agents_dir.glob("*.json")):
+        for path in self._descriptor_paths():
             try:
                 desc = read_descriptor(path)
             except (OSError, DescriptorError) as exc:
@@ -214,6 +214,17 @@ class Registry:
                 yield path, Unreadable(path, "file name does not match agent_id")
                 continue
             yield path, desc
+
+    def _descriptor_paths(self) -> list[Path]:
+        """``agents/*.json`` in name order, as ``glob`` would list them (hidden names left
+        out), sorted as strings: sorting 1,000 Paths cost a scan a third of its time."""
+        try:
+            with os.scandir(self.agents_dir) as entries:
+                names = sorted(e.name for e in entries
+                               if e.name.endswith(".json") and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [self.agents_dir / name for name in names]
 
     def _live_where(self, match: Callable[[Descriptor], bool]) -> Iterator[Descriptor]:
         verdict = _LivenessMemo()
