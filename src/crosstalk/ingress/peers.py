@@ -53,10 +53,10 @@ def identify(registry: Registry, peer: Peer | None, where: str) -> Descriptor | 
     several: a pooled pid stays unverified)."""
     if peer is None or peer.start_time is None:
         return None
+    pid, start_time = peer.pid, peer.start_time
     try:
-        live = registry.live()
+        found = registry.live_matching(lambda d: matches_peer(d, pid, start_time))
     except OSError as exc:
         log.warning("uds ingress %s: cannot read the registry: %s", where, exc)
         return None
-    found = [d for d in live if matches_peer(d, peer.pid, peer.start_time)]
     return found[0] if len(found) == 1 else None

@@ -226,6 +226,10 @@ class Registry:
             return []
         return [self.agents_dir / name for name in names]
 
+    def live_matching(self, match: Callable[[Descriptor], bool]) -> list[Descriptor]:
+        """The live descriptors ``match`` accepts; liveness is tested only for those."""
+        return list(self._live_where(match))
+
     def _live_where(self, match: Callable[[Descriptor], bool]) -> Iterator[Descriptor]:
         verdict = _LivenessMemo()
         for _, read in self._read_all():
