@@ -157,7 +157,7 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
                 if more or raw.startswith(_PREFIX):
                     body = raw[_HEAD_LEN:-1]
                     crc = zlib.crc32(body, _MORE_CRC) if more else zlib.crc32(body)
-                    if body and raw.startswith(b"%08x" % crc, _HEAD_START):
+                    if body:
                         try:
                             got = orjson.loads(body)
                         except orjson.JSONDecodeError:
