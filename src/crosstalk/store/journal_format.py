@@ -144,34 +144,11 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
     even a damaged one, proves the write completed, so mid-file they are passed on as usual.
     """
     pending: list[tuple[Line, dict[str, Any] | str]] = []
-    hold = pending.append
     for line in lines:
-        raw = line.raw
-        if raw is None:
-            decoded: dict[str, Any] | str = "oversize"
-        else:
-            # decode_line inlined for the intact line: a replay pays per call per line.
-            decoded = ""
-            if raw.endswith(b"}") and raw.startswith(_MIDDLE, _CRC_END):
-                more = raw.startswith(_MORE)
-                if more or raw.startswith(_PREFIX):
-                    body = raw[_HEAD_LEN:-1]
-                    crc = zlib.crc32(body, _MORE_CRC) if more else zlib.crc32(body)
-                    if body:
-                        try:
-                            got = orjson.loads(body)
-                        except orjson.JSONDecodeError:
-                            got = None
-                        if type(got) is dict:
-                            if more:
-                                hold((line, got))
-                                continue
-                            decoded = got
-            if not decoded:
-                decoded = decode_line(raw)
-                if isinstance(decoded, dict) and raw.startswith(_MORE):
-                    hold((line, decoded))
-                    continue
+        decoded = decode_scanned(line)
+        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
+            pending.append((line, decoded))
+            continue
         if pending:
             yield from pending
             pending.clear()
