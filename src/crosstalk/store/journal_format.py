@@ -105,6 +105,7 @@ def scan_lines(fd: int, start: int, end: int, max_line: int) -> Iterator[Line]:
     carry = b""  # the start of a line a previous chunk began (at most max_line bytes)
     line_start = start
     oversize = False
+    new = tuple.__new__
     while pos < end:
         chunk = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
         if not chunk:
@@ -122,7 +123,8 @@ def scan_lines(fd: int, start: int, end: int, max_line: int) -> Iterator[Line]:
             for i in range(1, len(parts)):
                 raw = parts[i]
                 n = len(raw)
-                yield Line(off, off + n, raw if n <= max_line else None)
+                # tuple.__new__: Line(...) is a Python-level __new__, a frame per line.
+                yield new(Line, (off, off + n, raw if n <= max_line else None))
                 off += n + 1
             carry, oversize, line_start = b"", False, off
         if not oversize:
@@ -144,10 +146,33 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
     even a damaged one, proves the write completed, so mid-file they are passed on as usual.
     """
     pending: list[tuple[Line, dict[str, Any] | str]] = []
+    hold = pending.append
+    crc32, parse = zlib.crc32, orjson.loads
     for line in lines:
+        raw = line.raw
+        # decode_line's fast path inlined (a replay pays for each call on each line); a line
+        # it does not take (damaged, or orjson refuses it) goes to decode_line in full.
+        if raw is not None and raw.endswith(b"}") and raw.startswith(_MIDDLE, _CRC_END):
+            body = raw[_HEAD_LEN:-1]
+            more = raw.startswith(_MORE)
+            if (more or raw.startswith(_PREFIX)) and raw.startswith(
+                    b"%08x" % (crc32(body, _MORE_CRC) if more else crc32(body)), _HEAD_START):
+                try:
+                    got = parse(body)
+                except orjson.JSONDecodeError:
+                    got = None
+                if type(got) is dict:
+                    if more:
+                        hold((line, got))
+                        continue
+                    if pending:
+                        yield from pending
+                        pending.clear()
+                    yield line, got
+                    continue
         decoded = decode_scanned(line)
-        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
-            pending.append((line, decoded))
+        if isinstance(decoded, dict) and raw is not None and raw.startswith(_MORE):
+            hold((line, decoded))
             continue
         if pending:
             yield from pending
