@@ -150,6 +150,8 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
     crc32, parse = zlib.crc32, orjson.loads
     for line in lines:
         raw = line.raw
+        decoded: dict[str, Any] | str | None = None
+        more = False
         # decode_line's fast path inlined (a replay pays for each call on each line); a line
         # it does not take (damaged, or orjson refuses it) goes to decode_line in full.
         if raw is not None and raw.endswith(b"}") and raw.startswith(_MIDDLE, _CRC_END):
@@ -162,23 +164,17 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
                 except orjson.JSONDecodeError:
                     got = None
                 if type(got) is dict:
-                    if more:
-                        hold((line, got))
-                        continue
-                    if pending:
-                        yield from pending
-                        pending.clear()
-                    yield line, got
-                    continue
-        decoded = decode_scanned(line)
-        if isinstance(decoded, dict) and raw is not None and raw.startswith(_MORE):
+                    decoded = got
+        if decoded is None:
+            decoded = decode_scanned(line)
+            more = isinstance(decoded, dict) and raw is not None and raw.startswith(_MORE)
+        if more:
             hold((line, decoded))
             continue
         if pending:
             yield from pending
             pending.clear()
         yield line, decoded
-
 
 def standalone(raw: bytes) -> bytes:
     """``raw`` (an intact line) as a line of a single append.
