@@ -32,7 +32,6 @@ tests can fail the Nth write, fsync or truncate the way SQLite's ``ioerr`` tests
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -261,7 +260,8 @@ class Journal:
             self._last_seq = since.seq if since is not None else 0
             self._streaming = each is not None
             try:
-                with collector.paused() if each is not None else contextlib.nullcontext():
+                # Collected or streamed, a replay keeps what it decodes and makes no cycles.
+                with collector.paused():
                     self._catch_up_locked(result, limit, each)
             except BaseException:
                 # Cut off mid-file: what was counted is partial, so the next append rescans

@@ -1,0 +1,154 @@
+"""The replay's fast decoder reads exactly what the decoder before issue 16 read.
+
+The oracle below is that decoder, copied as it was (the full checks, then ``jsonload.loads``,
+then ``whole_writes`` holding back ``{"b":`` lines): a faster path that accepted one more line,
+named a different reason, or released an unfinished batch would change what a restart trusts.
+Random records, random batch marks, random byte damage and a random cut point, read through
+the real file code (``scan_lines`` over a real file) by both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crosstalk.store.journal_format import (
+    Line,
+    decode_line,
+    encode_line,
+    scan_lines,
+    whole_writes,
+)
+from crosstalk.store.journal_read import read_journal
+from crosstalk.store.jsonload import loads
+
+_PREFIX = b'{"c":"'
+_MORE = b'{"b":"'
+_MIDDLE = b'","r":'
+_HEAD_LEN = 20
+
+
+def oracle_decode(line: bytes) -> dict[str, Any] | str:
+    if len(line) < _HEAD_LEN + 3 or not line.endswith(b"}"):
+        return "framing"
+    head = line[:6]
+    more = head == _MORE
+    if not (more or head == _PREFIX) or line[14:_HEAD_LEN] != _MIDDLE:
+        return "framing"
+    crc_field = line[6:14]
+    if crc_field.strip(b"0123456789abcdef"):
+        return "framing"
+    body = line[_HEAD_LEN:-1]
+    if zlib.crc32(body, zlib.crc32(_MORE) if more else 0) != int(crc_field, 16):
+        return "checksum"
+    try:
+        record = loads(body)
+    except ValueError:
+        return "json"
+    if not isinstance(record, dict):
+        return "json"
+    return record
+
+
+def oracle_whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] | str]]:
+    pending: list[tuple[Line, dict[str, Any] | str]] = []
+    for line in lines:
+        decoded = "oversize" if line.raw is None else oracle_decode(line.raw)
+        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
+            pending.append((line, decoded))
+            continue
+        yield from pending
+        pending.clear()
+        yield line, decoded
+
+
+def signed(body: bytes, *, more: bool) -> bytes:
+    """A line with a correct CRC around any body (JSON the encoder would never write)."""
+    head, crc = (_MORE, zlib.crc32(body, zlib.crc32(_MORE))) if more else (_PREFIX,
+                                                                           zlib.crc32(body))
+    return b"%s%08x%s%s}\n" % (head, crc, _MIDDLE, body)
+
+
+keys = st.text(max_size=6)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1),
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
+records = st.dictionaries(keys, st.one_of(scalars, st.lists(scalars, max_size=3)), max_size=5)
+#: Bodies with a valid CRC that only the fallback or the type check decides.
+odd_bodies = st.sampled_from([b'{"a":NaN}', b'{"a":"\\ud800"}', b"[1,2]", b'"x"', b"{}",
+                              b'{"a":1} ', b'{"a":1}x', b"", b'{"a":"\xff"}', b"null",
+                              b'{"a":Infinity}', b'{"s":"\xed\xa0\x80"}'])
+lines = st.one_of(
+    st.tuples(records, st.booleans()).map(lambda r: encode_line(r[0], more=r[1])),
+    st.tuples(odd_bodies, st.booleans()).map(lambda b: signed(b[0], more=b[1])),
+)
+damage = st.lists(st.tuples(st.sampled_from(["flip", "drop", "insert"]), st.integers(0, 10**6),
+                            st.integers(0, 255)), max_size=4)
+
+
+def damaged(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
+    buf = bytearray(data)
+    for kind, where, byte in edits:
+        if not buf:
+            break
+        i = where % len(buf)
+        if kind == "flip":
+            buf[i] ^= byte or 1
+        elif kind == "drop":
+            del buf[i]
+        else:
+            buf.insert(i, byte)
+    return bytes(buf)
+
+
+def read_both(path: Path, max_line: int) -> tuple[list[Any], list[Any]]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        new = [(ln.offset, ln.end, repr(d))
+               for ln, d in whole_writes(scan_lines(fd, 0, size, max_line))]
+        old = [(ln.offset, ln.end, repr(d))
+               for ln, d in oracle_whole_writes(scan_lines(fd, 0, size, max_line))]
+    finally:
+        os.close(fd)
+    return new, old
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(lines, max_size=12), damage, st.integers(0, 10**6),
+       st.sampled_from([64, 200, 1 << 20]))
+def test_fast_decoder_reads_what_the_old_one_read(
+        tmp_path_factory: Any, body: list[bytes], edits: list[tuple[str, int, int]],
+        cut: int, max_line: int) -> None:
+    data = damaged(b"".join(body), edits)
+    data = data[: cut % (len(data) + 1)]
+    path = tmp_path_factory.mktemp("j") / "j.jsonl"
+    path.write_bytes(data)
+    new, old = read_both(path, max_line)
+    assert new == old
+    for raw in data.split(b"\n")[:-1]:
+        assert repr(decode_line(raw)) == repr(oracle_decode(raw))
+
+
+def test_every_damage_reason_still_named(tmp_path: Path) -> None:
+    """The fast path hands damaged lines to the full checks, which name why."""
+    good = encode_line({"a": 1})
+    bad_crc = good[:6] + (b"0" if good[6:7] != b"0" else b"1") + good[7:]
+    upper = good[:6] + good[6:14].upper() + good[14:]
+    data = (good + bad_crc + b"garbage\n" + signed(b"[1]", more=False) + b"x" * 300 + b"\n"
+            + (upper if upper != good else bad_crc) + encode_line({"b": 2}, more=True))
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(data)
+    replay = read_journal(path, max_line=200)
+    assert [d.reason for d in replay.damage][:5] == ["checksum", "framing", "json", "oversize",
+                                                     "framing" if upper != good else "checksum"]
+    # The trailing {"b": line has no end: held back and reported as the torn tail.
+    assert replay.damage[-1].reason == "torn_tail"
+    assert replay.records == [{"a": 1}]
+    assert json.loads(good[_HEAD_LEN:-2]) == {"a": 1}
