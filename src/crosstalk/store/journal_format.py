@@ -146,35 +146,16 @@ def whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] |
     even a damaged one, proves the write completed, so mid-file they are passed on as usual.
     """
     pending: list[tuple[Line, dict[str, Any] | str]] = []
-    hold = pending.append
-    crc32, parse = zlib.crc32, orjson.loads
     for line in lines:
-        raw = line.raw
-        decoded: dict[str, Any] | str | None = None
-        more = False
-        # decode_line's fast path inlined (a replay pays for each call on each line); a line
-        # it does not take (damaged, or orjson refuses it) goes to decode_line in full.
-        if raw is not None and raw.endswith(b"}") and raw.startswith(_MIDDLE, _CRC_END):
-            body = raw[_HEAD_LEN:-1]
-            more = raw.startswith(_MORE)
-            if (more or raw.startswith(_PREFIX)) and raw.startswith(
-                    b"%08x" % (crc32(body, _MORE_CRC) if more else crc32(body)), _HEAD_START):
-                try:
-                    got = parse(body)
-                except orjson.JSONDecodeError:
-                    got = None
-                if type(got) is dict:
-                    decoded = got
-        if decoded is None:
-            decoded = decode_scanned(line)
-            more = isinstance(decoded, dict) and raw is not None and raw.startswith(_MORE)
-        if more:
-            hold((line, decoded))
+        decoded = decode_scanned(line)
+        if isinstance(decoded, dict) and line.raw is not None and line.raw.startswith(_MORE):
+            pending.append((line, decoded))
             continue
         if pending:
             yield from pending
             pending.clear()
         yield line, decoded
+
 
 def standalone(raw: bytes) -> bytes:
     """``raw`` (an intact line) as a line of a single append.
