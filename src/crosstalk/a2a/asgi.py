@@ -41,6 +41,7 @@ from starlette.types import Message as AsgiMessage
 
 from crosstalk import __version__
 from crosstalk.a2a import jsontext, wire
+from crosstalk.a2a.addressed import AddressedTo
 from crosstalk.a2a.errors import unauthenticated_error
 from crosstalk.a2a.liststatus import ABSENT, wire_status
 from crosstalk.a2a.taskstore import SENDER_KEY
@@ -438,6 +439,7 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
     ]
     return Starlette(routes=routes, middleware=[
         *([Middleware(CaptureMiddleware, tap=tap)] if tap is not None else []),
+        Middleware(AddressedTo, name=lambda: card().name),
         Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
         Middleware(BodyLimit, limit=max_body_bytes),
     ])
