@@ -91,11 +91,12 @@ class PeerCards:
         return url in self._peers
 
     async def card(self, http: httpx.AsyncClient, url: str, timeout: float,
-                   *, revalidate: bool) -> _Peer:
-        """The kept card while fresh, else the peer's answer (a 304 keeps the kept one)."""
+                   *, revalidate: bool) -> tuple[_Peer, bool]:
+        """The kept card while fresh, else the peer's answer (a 304 keeps the kept one), and
+        whether the peer was asked."""
         known = self._peers.get(url)
         if known is not None and not revalidate and known.fresh_until > time.monotonic():
-            return known
+            return known, False
         target = f"{url.rstrip('/')}/{AGENT_CARD_WELL_KNOWN_PATH.lstrip('/')}"
         headers = {"If-None-Match": known.etag} if known is not None and known.etag else {}
         try:
@@ -103,7 +104,7 @@ class PeerCards:
                                       timeout=min(timeout, CONNECT_TIMEOUT * 2))
             if known is not None and response.status_code == 304:
                 known.fresh_until = _fresh_until(response)
-                return known
+                return known, True
             response.raise_for_status()
             card = parse_agent_card(response.json())
         except httpx.HTTPStatusError as exc:
@@ -118,7 +119,7 @@ class PeerCards:
         if len(self._peers) >= _MAX_PEERS:
             self._peers.clear()
         self._peers[url] = peer
-        return peer
+        return peer, True
 
 
 def _fresh_until(response: httpx.Response) -> float:
@@ -173,10 +174,10 @@ async def connect(url: str, token: str, *, timeout: float,
     try:
         if own:
             cards.forget(url)
-        peer = await cards.card(http, url, timeout, revalidate=False)
+        peer, asked = await cards.card(http, url, timeout, revalidate=False)
         refused = _refusal(peer.card, url, expect_name, require_extension)
-        if refused is not None and keep:  # the kept card may be the stale one
-            peer = await cards.card(http, url, timeout, revalidate=True)
+        if refused is not None and not asked:  # the kept card may be the stale one
+            peer, _ = await cards.card(http, url, timeout, revalidate=True)
             refused = _refusal(peer.card, url, expect_name, require_extension)
         if refused is not None:
             raise refused
