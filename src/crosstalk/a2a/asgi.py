@@ -41,6 +41,7 @@ from starlette.types import Message as AsgiMessage
 
 from crosstalk import __version__
 from crosstalk.a2a import jsontext, wire
+from crosstalk.a2a.addressed import AddressedTo
 from crosstalk.a2a.errors import unauthenticated_error
 from crosstalk.a2a.liststatus import ABSENT, wire_status
 from crosstalk.a2a.taskstore import SENDER_KEY
@@ -421,10 +422,11 @@ def agent_card(*, name: str, description: str, url: str, control: bool) -> pb.Ag
 
 
 def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
-              authenticate: Authenticate, max_body_bytes: int, tap: Tap | None = None
-              ) -> Starlette:
+              authenticate: Authenticate, max_body_bytes: int, tap: Tap | None = None,
+              name: Callable[[], str] | None = None) -> Starlette:
     """The ASGI app: public Agent Card + bearer-guarded, body-capped JSON-RPC endpoint;
-    ``tap`` sees every request as it came and every answer as it went (outermost)."""
+    ``tap`` sees every request as it came and every answer as it went (outermost); ``name``,
+    the card's name without building the card (per request)."""
 
     async def current_card(_card: pb.AgentCard) -> pb.AgentCard:
         return card()
@@ -438,6 +440,7 @@ def build_app(*, handler: RequestHandler, card: Callable[[], pb.AgentCard],
     ]
     return Starlette(routes=routes, middleware=[
         *([Middleware(CaptureMiddleware, tap=tap)] if tap is not None else []),
+        Middleware(AddressedTo, name=name or (lambda: card().name)),
         Middleware(BearerGuard, authenticate=authenticate, drain_limit=max_body_bytes),
         Middleware(BodyLimit, limit=max_body_bytes),
     ])

@@ -1,7 +1,7 @@
 """Sending to a peer agent's A2A endpoint, on the official a2a-sdk client.
 
 What a shim calls to deliver ``send_message`` / ``ask`` / ``reply`` to a peer: resolve the
-peer's Agent Card, create the SDK client (``ClientFactory``, JSON-RPC, no streaming) with the
+peer's Agent Card, get the SDK client (``ClientFactory``, JSON-RPC, no streaming) with the
 sender's **own** bearer token through the SDK's ``AuthInterceptor``, send one message, and
 map whatever happened onto the send states of seed §8:
 
@@ -20,40 +20,33 @@ timeout or partial answer after sending      ``unknown`` (never resent by us)
 The one repeat (for a pooled connection the server closed as it was reused) and when it is
 safe: :func:`crosstalk.a2a.transport.at_most_twice`.
 
-The token goes only to the JSON-RPC interface the card names, and only if that interface is
-on the same origin as the URL we were given: a card cannot redirect our credential elsewhere.
+The card and the SDK client are kept per peer between sends, and where the token may go is
+checked on every card: :mod:`crosstalk.a2a.peers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from a2a.client import (
-    A2ACardResolver,
     A2AClientError,
     A2AClientTimeoutError,
     AgentCardResolutionError,
-    AuthInterceptor,
     Client,
     ClientCallContext,
-    ClientConfig,
-    ClientFactory,
-    InMemoryContextCredentialStore,
 )
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import A2A_ERROR_REASONS, A2AError, InternalError
 from google.protobuf.json_format import MessageToDict
 
 from crosstalk.a2a import wire
-from crosstalk.a2a.transport import CONNECT_TIMEOUT, Attempt, at_most_twice, new_http_client
+from crosstalk.a2a.peers import PeerCards, Refused, connect, fresh_card_on_stale
+from crosstalk.a2a.transport import Attempt, at_most_twice
 from crosstalk.config import DELIVERY_TIMEOUT
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import valid_unicode
@@ -95,12 +88,6 @@ class SendResult:
     completion: str | None = None
 
 
-class _Refused(Exception):
-    def __init__(self, state: str, reason: str) -> None:
-        super().__init__(reason)
-        self.state, self.reason = state, reason
-
-
 async def send(url: str, token: str, text: str, *, kind: str = "inform",
                delivery: str = "immediate", deadline_seconds: int = 0,
                message_id: str | None = None, in_reply_to: str | None = None,
@@ -108,7 +95,8 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
                hop_chain: list[str] | None = None, return_immediately: bool = False,
                until_delivered: bool = False, timeout: float | None = None,
                expect_name: str | None = None,
-               httpx_client: httpx.AsyncClient | None = None) -> SendResult:
+               httpx_client: httpx.AsyncClient | None = None,
+               cards: PeerCards | None = None) -> SendResult:
     """Send one message to the agent at ``url`` as the agent whose bearer ``token`` this is.
 
     ``message_id`` defaults to a fresh UUIDv7; pass the same one to retry (the peer dedupes on
@@ -118,7 +106,8 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
     answered or expires). ``return_immediately`` returns at once (state ``submitted``);
     ``until_delivered`` returns once the delivery outcome is known, without waiting for an
     ask's answer (what the ``ask`` tool wants). ``expect_name`` refuses a peer whose card
-    names someone else (a port reused by another agent).
+    names someone else (a port reused by another agent). ``cards``, kept with the pooled
+    ``httpx_client``, saves the card fetch and the SDK client's construction per send.
     """
     mid = message_id or new_message_id()
     if timeout is None:
@@ -142,8 +131,8 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
         started = time.monotonic()
         sent = False
         try:
-            async with _connect(url, token, timeout=budget, httpx_client=http,
-                                expect_name=expect_name) as (client, ctx):
+            async with connect(url, token, timeout=budget, httpx_client=http,
+                                expect_name=expect_name, cards=cards) as (client, ctx):
                 sent = True
                 task: pb.Task | None = None
                 async for event in client.send_message(request, context=ctx):
@@ -162,7 +151,7 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
                             mid, "unknown", "delivery_pending", task.id,
                             _TASK_STATES.get(task.status.state, "unknown")))
                 return Attempt(result_from_task(task, mid))
-        except _Refused as exc:
+        except Refused as exc:
             return Attempt(SendResult(mid, exc.state, exc.reason), exc, sent)
         except (A2AError, httpx.HTTPError) as exc:
             state, reason = classify_error(exc, sent=sent)
@@ -171,7 +160,8 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
     # Repeatable: the peer dedupes on (sender, message_id) and answers a repeat with the
     # state the first copy reached, so even a request it processed is safe to send again.
     last, earlier_may_have_arrived = await at_most_twice(
-        url, attempt, httpx_client=httpx_client, timeout=timeout, repeatable=True)
+        url, fresh_card_on_stale(url, cards, attempt), httpx_client=httpx_client,
+        timeout=timeout, repeatable=True)
     if earlier_may_have_arrived and last.failure is not None and (
             last.result.state == "unreachable"):
         # The repeat found nobody, but the first copy may have been delivered.
@@ -198,7 +188,8 @@ class ControlOutcome:
 
 async def control(url: str, token: str, op: str, *, text: str,
                   timeout: float = DEFAULT_TIMEOUT, expect_name: str | None = None,
-                  httpx_client: httpx.AsyncClient | None = None) -> ControlOutcome:
+                  httpx_client: httpx.AsyncClient | None = None,
+                  cards: PeerCards | None = None) -> ControlOutcome:
     """Send a claim/release control request to the agent at ``url`` as ``token``'s agent.
 
     Only to a peer whose card lists :data:`wire.CONTROL_EXTENSION`: any other peer would take
@@ -215,22 +206,24 @@ async def control(url: str, token: str, op: str, *, text: str,
     async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[ControlOutcome]:
         sent = False
         try:
-            async with _connect(url, token, timeout=budget, httpx_client=http,
+            async with connect(url, token, timeout=budget, httpx_client=http,
                                 expect_name=expect_name,
-                                require_extension=wire.CONTROL_EXTENSION) as (client, ctx):
+                                require_extension=wire.CONTROL_EXTENSION,
+                                cards=cards) as (client, ctx):
                 sent = True
                 async for event in client.send_message(request, context=ctx):
                     if event.HasField("task"):
                         return Attempt(_control_outcome(event.task))
                 return Attempt(ControlOutcome(False, "unknown", "no_task_in_response"))
-        except _Refused as exc:
+        except Refused as exc:
             return Attempt(ControlOutcome(False, exc.state, exc.reason), exc, sent)
         except (A2AError, httpx.HTTPError) as exc:
             state, reason = classify_error(exc, sent=sent)
             return Attempt(ControlOutcome(False, state, reason), exc, sent)
 
     # Not repeatable once sent: the target does not dedupe control requests.
-    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
+    last, _ = await at_most_twice(url, fresh_card_on_stale(url, cards, attempt),
+                                  httpx_client=httpx_client, timeout=timeout,
                                    repeatable=False)
     return last.result
 
@@ -274,22 +267,24 @@ async def cancel_task(url: str, token: str, task_id: str, *,
 
 async def _task_call(url: str, token: str, task_id: str, *, timeout: float,
                      httpx_client: httpx.AsyncClient | None, repeatable: bool,
-                     call: Callable[[Client, ClientCallContext], Awaitable[pb.Task]]
-                     ) -> SendResult:
+                     call: Callable[[Client, ClientCallContext], Awaitable[pb.Task]],
+                     cards: PeerCards | None = None) -> SendResult:
     async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
         sent = False
         try:
-            async with _connect(url, token, timeout=budget, httpx_client=http) as (
+            async with connect(url, token, timeout=budget, httpx_client=http,
+                               cards=cards) as (
                     client, ctx):
                 sent = True
                 return Attempt(result_from_task(await call(client, ctx), None))
-        except _Refused as exc:
+        except Refused as exc:
             return Attempt(SendResult("", exc.state, exc.reason, task_id), exc, sent)
         except (A2AError, httpx.HTTPError) as exc:
             state, reason = classify_error(exc, sent=True)
             return Attempt(SendResult("", state, reason, task_id), exc, sent)
 
-    last, _ = await at_most_twice(url, attempt, httpx_client=httpx_client, timeout=timeout,
+    last, _ = await at_most_twice(url, fresh_card_on_stale(url, cards, attempt),
+                                  httpx_client=httpx_client, timeout=timeout,
                                   repeatable=repeatable)
     return last.result
 
@@ -384,48 +379,6 @@ def _transport_error(cause: BaseException | None, *, sent: bool) -> tuple[str, s
     if isinstance(cause, httpx.RequestError):
         return ("unknown", "transport_error") if sent else ("unreachable", "transport_error")
     return ("unknown", "invalid_response") if sent else ("unreachable", "invalid_response")
-
-
-@asynccontextmanager
-async def _connect(url: str, token: str, *, timeout: float,
-                   httpx_client: httpx.AsyncClient | None = None,
-                   expect_name: str | None = None,
-                   require_extension: str | None = None) -> AsyncIterator[
-                       tuple[Client, ClientCallContext]]:
-    """Resolve the card and build the SDK client that presents ``token`` as a bearer."""
-    own = httpx_client is None
-    http = httpx_client or new_http_client(timeout)
-    try:
-        card = await A2ACardResolver(http, url).get_agent_card(
-            http_kwargs={"timeout": min(timeout, CONNECT_TIMEOUT * 2)})
-        if expect_name is not None and card.name != expect_name:
-            raise _Refused("unreachable", "peer_changed")
-        if require_extension is not None and not any(
-                e.uri == require_extension for e in card.capabilities.extensions):
-            raise _Refused("rejected", "control_not_supported")
-        interfaces = [i for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"]
-        if not interfaces or not all(_same_origin(i.url, url) for i in interfaces):
-            raise _Refused("unreachable", "card_url_mismatch")
-        session = uuid.uuid4().hex
-        store = InMemoryContextCredentialStore()
-        for scheme_name, scheme in card.security_schemes.items():
-            if scheme.HasField("http_auth_security_scheme") and (
-                    scheme.http_auth_security_scheme.scheme.lower() == "bearer"):
-                await store.set_credentials(session, scheme_name, token)
-        client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(
-            card, interceptors=[AuthInterceptor(store)])
-        try:
-            yield client, ClientCallContext(state={"sessionId": session}, timeout=timeout)
-        finally:
-            await client.close()
-    finally:
-        if own:
-            await http.aclose()
-
-
-def _same_origin(a: str, b: str) -> bool:
-    pa, pb_ = urlsplit(a), urlsplit(b)
-    return (pa.scheme, pa.hostname, pa.port) == (pb_.scheme, pb_.hostname, pb_.port)
 
 
 async def _poll_delivery(client: Client, ctx: ClientCallContext, task: pb.Task,

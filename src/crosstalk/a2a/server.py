@@ -115,7 +115,7 @@ class A2AServer:
             self._app = asgi.build_app(handler=self.handler, card=self.agent_card,
                                        authenticate=self.authenticate,
                                        max_body_bytes=self.limits.max_body_bytes,
-                                       tap=self.tap)
+                                       tap=self.tap, name=lambda: self.name)
         return self._app
 
     async def start(self) -> str:

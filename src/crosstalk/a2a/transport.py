@@ -81,15 +81,15 @@ class _NoticesNoResponse(httpx.AsyncBaseTransport):
 def unanswered(exc: BaseException) -> bool:
     """Whether a failed call got no byte of its response: the connect failed, or the connection
     broke before the response began (:class:`NoResponseError`)."""
-    return isinstance(_httpx_cause(exc), NoResponseError | httpx.ConnectError)
+    return isinstance(httpx_cause(exc), NoResponseError | httpx.ConnectError)
 
 
 def never_sent(exc: BaseException) -> bool:
     """Whether the request of a failed call certainly never reached the peer (connect failed)."""
-    return isinstance(_httpx_cause(exc), httpx.ConnectError)
+    return isinstance(httpx_cause(exc), httpx.ConnectError)
 
 
-def _httpx_cause(exc: BaseException) -> BaseException | None:
+def httpx_cause(exc: BaseException) -> BaseException | None:
     """The httpx error behind ``exc``: the a2a-sdk's errors carry it as their cause."""
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, httpx.HTTPError):
@@ -126,7 +126,7 @@ async def at_most_twice(url: str,
     if maybe_arrived and not repeatable:
         return first, False
     log.info("A2A request to %s got no response (%s); repeating it on a fresh connection",
-             url, _httpx_cause(failure))
+             url, httpx_cause(failure))
     second = await attempt(None, max(_RETRY_BUDGET, timeout - (time.monotonic() - started)))
     return second, maybe_arrived
 

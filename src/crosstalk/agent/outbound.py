@@ -5,11 +5,13 @@ without CrossTalk (seed §3).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 import httpx
 
 from crosstalk.a2a import client as a2a_client
+from crosstalk.a2a.peers import PeerCards
 from crosstalk.a2a.transport import new_http_client
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.message import DeliveryMode, Ingress, Kind, Message, Sender
@@ -24,6 +26,10 @@ if TYPE_CHECKING:
     from crosstalk.agent.core import Agent
 
 log = logging.getLogger(__name__)
+#: The peers' cards an agent keeps, with the pooled HTTP client they were kept on (a stopped
+#: agent closes its client; the next one starts with no cards).
+_cards: weakref.WeakKeyDictionary[Agent, tuple[httpx.AsyncClient, PeerCards]] = (
+    weakref.WeakKeyDictionary())
 
 def native_send_next(state: MessageState | None, event: NativeSendEvent,
                      outcome: MessageState | None = None) -> MessageState:
@@ -49,7 +55,8 @@ async def control_peer(agent: Agent, to: str, op: str) -> tuple[Descriptor | Non
     text = (f"{agent.name} asks to {op} this session (a CrossTalk control request; "
             "it is applied by the shim, never delivered as a message).")
     outcome = await a2a_client.control(target.a2a_url, agent.token, op, text=text,
-                                       expect_name=target.name, httpx_client=http_client(agent))
+                                       expect_name=target.name, httpx_client=http_client(agent),
+                                       cards=peer_cards(agent))
     return target, outcome
 
 
@@ -68,6 +75,15 @@ def http_client(agent: Agent) -> httpx.AsyncClient:
     return agent.http
 
 
+def peer_cards(agent: Agent) -> PeerCards:
+    """The peers' cards this agent keeps between sends, tied to its pooled HTTP client."""
+    http = http_client(agent)
+    kept = _cards.get(agent)
+    if kept is None or kept[0] is not http:
+        kept = _cards[agent] = (http, PeerCards())
+    return kept[1]
+
+
 async def send(agent: Agent, to: str | Descriptor, text: str, *, kind: str = "inform",
                delivery: str = "immediate", deadline_seconds: int = 0,
                message_id: str | None = None, in_reply_to: str | None = None,
@@ -83,7 +99,7 @@ async def send(agent: Agent, to: str | Descriptor, text: str, *, kind: str = "in
                                      reason="no_a2a_listener")
     return await a2a_client.send(
         target.a2a_url, agent.token, text, kind=kind, delivery=delivery,
-        httpx_client=http_client(agent),
+        httpx_client=http_client(agent), cards=peer_cards(agent),
         deadline_seconds=deadline_seconds, message_id=message_id, in_reply_to=in_reply_to,
         return_immediately=return_immediately, until_delivered=until_delivered,
         expect_name=target.name)
