@@ -24,8 +24,8 @@ __all__ = ["world"]  # a fixture
 
 #: Kept out of start-up. ``uvicorn``/``starlette`` are not here: the MCP SDK itself imports
 #: them (the bare SDK server in bench/_bare_mcp_server.py loads them too).
-HEAVY = ("crosstalk.agent", "crosstalk.a2a", "crosstalk.receiver", "a2a", "grpc",
-         "google.protobuf", "httpx", "httpcore", "websockets")
+HEAVY = ("crosstalk.agent", "crosstalk.a2a", "crosstalk.receiver", "crosstalk.store.journal",
+         "a2a", "grpc", "google.protobuf", "httpx", "httpcore", "websockets")
 
 PROBE = """
 import atexit, json, sys
