@@ -3,14 +3,43 @@
 The package is layered the way h11 and hypercorn are: ``crosstalk.core`` is pure logic (no I/O),
 ``crosstalk.store`` is the durable state on disk (journal, registry), ``crosstalk.proc`` answers
 questions about processes and sockets, and everything that speaks a wire protocol sits on top.
+
+The names below are resolved on first access (PEP 562), not at import: every ``crosstalk.*``
+import runs this file, and a shim's start must not pay for the journal (ADR 0033).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from crosstalk._version import __version__
-from crosstalk.core.ids import agent_id_for, new_message_id
-from crosstalk.core.naming import fallback_name, name_candidates
-from crosstalk.store.journal import Journal, JournalError
-from crosstalk.store.journal_read import Replay
-from crosstalk.store.registry import Descriptor, Registration, Registry
+
+if TYPE_CHECKING:
+    from crosstalk.core.ids import agent_id_for, new_message_id
+    from crosstalk.core.naming import fallback_name, name_candidates
+    from crosstalk.store.journal import Journal, JournalError
+    from crosstalk.store.journal_read import Replay
+    from crosstalk.store.registry import Descriptor, Registration, Registry
+
+_WHERE = {
+    "agent_id_for": "crosstalk.core.ids", "new_message_id": "crosstalk.core.ids",
+    "fallback_name": "crosstalk.core.naming", "name_candidates": "crosstalk.core.naming",
+    "Journal": "crosstalk.store.journal", "JournalError": "crosstalk.store.journal",
+    "Replay": "crosstalk.store.journal_read",
+    "Descriptor": "crosstalk.store.registry", "Registration": "crosstalk.store.registry",
+    "Registry": "crosstalk.store.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'crosstalk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Descriptor",

@@ -28,14 +28,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from crosstalk.agent import Agent, AgentSpec
 from crosstalk.core.admission import Limits
 from crosstalk.core.nudge import NudgeCounter
 from crosstalk.directory import Directory
 from crosstalk.harness.base import Identifier, Identity, LoadedHarness
 from crosstalk.store.registry import Registry, RegistryError
+
+if TYPE_CHECKING:  # the agent stack (A2A, uvicorn) loads with the first agent, not at start
+    from crosstalk.agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class Shim:
             # Harness evidence gathered once, before registration (Codex: the thread's host
             # app-server and its name there). Identity by session_ref is unchanged.
             identity = await harness.binder.bind(identity)
+        from crosstalk.agent import Agent, AgentSpec  # here: start-up
         spec = AgentSpec(harness=harness.identifier.harness_for(identity),
                          session_ref=identity.session_ref, cwd=identity.cwd,
                          session_name=identity.session_name, endpoint=identity.endpoint,

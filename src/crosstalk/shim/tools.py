@@ -12,24 +12,25 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from crosstalk import __version__
-from crosstalk.a2a.client import SendResult
-from crosstalk.agent import Agent, ReplyRefused
 from crosstalk.core.mailbox import CursorError, page
 from crosstalk.core.nudge import combine_hint
 from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.harness.loader import by_name
-from crosstalk.receiver import ReceiverUnavailable
 from crosstalk.shim.roster import Shim
 from crosstalk.store.registry import RegistryError, StatePathError
+
+if TYPE_CHECKING:  # loaded with the first agent (ADR 0033): tools/list needs none of them
+    from crosstalk.a2a.client import SendResult
+    from crosstalk.agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,11 @@ class Tools:
             return _result(payload)
         except ToolError as exc:
             return _result({"error": exc.reason, "hint": exc.hint, **exc.extra}, error=True)
-        except ReceiverUnavailable:
+        except Exception as exc:
+            # Imported here: the receiver loads with the first agent, never at start.
+            from crosstalk.receiver import ReceiverUnavailable
+            if not isinstance(exc, ReceiverUnavailable):
+                raise
             log.exception("tool %s: journal unavailable", name)
             return _result({"error": "journal_unavailable",
                             "hint": "the message store refused a write; nothing was sent"},
@@ -252,6 +257,7 @@ class Tools:
                        delivery: str = "immediate", deadline: int = 0
                        ) -> tuple[Entry | Unresolved, SendResult]:
         """Resolve ``to`` (agents and sessions without CrossTalk) and send to it."""
+        from crosstalk.a2a.client import SendResult  # loaded with the agent, not at start
         target = await asyncio.to_thread(self.shim.directory.resolve, to)
         if isinstance(target, Unresolved):
             # Sent nowhere: a definite failure, never ``unknown`` ("may have been delivered").
@@ -288,6 +294,7 @@ class Tools:
                     args: Mapping[str, Any]) -> dict[str, Any]:
         mid = _req_str(args, "message_id")
         text = _text_arg(args)
+        from crosstalk.agent import ReplyRefused  # loaded with the agent, not at start
         try:
             result = await agent.reply(mid, text)
         except ReplyRefused as exc:

@@ -26,10 +26,10 @@ import json
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from websockets.asyncio.client import ClientConnection, unix_connect
-from websockets.exceptions import WebSocketException
+if TYPE_CHECKING:  # websockets loads with the first connection, not at shim start (ADR 0033)
+    from websockets.asyncio.client import ClientConnection
 
 from crosstalk import __version__
 from crosstalk.capture.tap import CODEX_RPC, IN, OUT, TAPS
@@ -86,6 +86,8 @@ class AppServer:
         await self.close()
 
     async def connect(self) -> None:
+        from websockets.asyncio.client import unix_connect  # first use (ADR 0033)
+        from websockets.exceptions import WebSocketException  # first use (ADR 0033)
         try:
             self._ws = await asyncio.wait_for(
                 unix_connect(self.path, uri="ws://localhost/", max_size=32 * 1024 * 1024,
@@ -131,6 +133,7 @@ class AppServer:
         if TAPS.capturing and (agent := _agent_of(params)) is not None:
             self._tapped[rid] = agent
             TAPS.emit(agent, CODEX_RPC, OUT, text, endpoint=self.path)
+        from websockets.exceptions import WebSocketException  # first use (ADR 0033)
         try:
             try:
                 await ws.send(text)
@@ -146,6 +149,7 @@ class AppServer:
             self._tapped.pop(rid, None)
 
     async def _read(self) -> None:
+        from websockets.exceptions import WebSocketException  # first use (ADR 0033)
         ws = self._ws
         assert ws is not None
         try:
@@ -164,6 +168,7 @@ class AppServer:
             self._fail_pending(NoAnswer("connection closed"))
 
     async def _on_message(self, ws: ClientConnection, msg: dict[str, Any]) -> None:
+        from websockets.exceptions import WebSocketException  # first use (ADR 0033)
         if "method" in msg and "id" in msg:
             # A request from the server (an approval, an elicitation): we take no part.
             with contextlib.suppress(OSError, WebSocketException):

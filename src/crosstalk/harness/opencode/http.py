@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
+if TYPE_CHECKING:  # httpx loads with the first instance, not at shim start (ADR 0033)
+    import httpx
 
 #: The URL host is ignored over a unix socket; opencode routes by path.
 BASE_URL: Final = "http://opencode.crosstalk"
@@ -60,6 +61,7 @@ def _auth(env: Mapping[str, str]) -> httpx.BasicAuth | None:
     password = env.get("OPENCODE_SERVER_PASSWORD")
     if not password:
         return None
+    import httpx  # loaded on first use (ADR 0033)
     return httpx.BasicAuth(env.get("OPENCODE_SERVER_USERNAME") or "opencode", password)
 
 
@@ -70,6 +72,7 @@ class Instance:
                  timeout: float = REQUEST_TIMEOUT) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        import httpx  # loaded on first use (ADR 0033)
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=socket_path, retries=0),
             base_url=BASE_URL, auth=_auth(env or {}),
@@ -87,6 +90,7 @@ class Instance:
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None) -> tuple[int, Any]:
         """The status and the decoded JSON answer (``None`` for an empty one)."""
+        import httpx  # loaded on first use (ADR 0033)
         try:
             resp = await self._client.request(method, path, json=body, params=params)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -126,6 +130,7 @@ class Instance:
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """``GET /event``: each SSE ``data:`` line decoded (``{"type", "properties"}``). Ends
         when the instance closes the stream; a line that is not a JSON object is skipped."""
+        import httpx  # loaded on first use (ADR 0033)
         timeout = httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT, read=EVENT_READ_TIMEOUT)
         try:
             async with self._client.stream("GET", "/event", timeout=timeout) as resp:
