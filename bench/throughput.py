@@ -1,0 +1,113 @@
+"""Sustained durable throughput into one agent, with the disk's own fsync rate beside it.
+
+Why a separate bench from deliver.py: deliver.py's burst runs its senders on the receiving
+agent's own event loop, so sender CPU competes with the receiver and the figure undercounts
+what real senders (other processes) see. Here the 16 concurrent senders run in a child
+process; only acks that say "accepted" (journalled and fsynced, R1) are counted.
+
+The baseline `raw_write_fsync_per_sec` is a loop of one small `write` + `fsync` on the same
+filesystem in the same run: the ceiling one-record-per-fsync could reach. Group commit is
+what lets the figure go past it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from crosstalk.agent import Agent, AgentSpec
+from crosstalk.harness.fake import FakeHarness
+from crosstalk.store.registry import Registry
+
+_SENDERS = r"""
+import asyncio, json, sys, time
+from crosstalk.cli.send import frames
+from crosstalk.core.ids import new_message_id
+
+uds_path, token, total, conc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+async def send(i):
+    reader, writer = await asyncio.open_unix_connection(uds_path)
+    writer.write(frames(token, f"tp-{i}", new_message_id()))
+    await writer.drain()
+    writer.write_eof()
+    ack = json.loads(await reader.readline())
+    writer.close()
+    return ack.get("state") == "accepted"
+
+async def main():
+    sem = asyncio.Semaphore(conc)
+    async def one(i):
+        async with sem:
+            return await send(i)
+    t = time.perf_counter()
+    ok = await asyncio.gather(*(one(i) for i in range(total)))
+    print(json.dumps({"accepted": sum(ok), "seconds": time.perf_counter() - t}))
+
+asyncio.run(main())
+"""
+
+
+def emit(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def raw_write_fsync_per_sec(tmp: Path, seconds: float = 1.0) -> float:
+    """One small appended record per fsync, as fast as the disk allows."""
+    fd = os.open(tmp / "raw.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    line = json.dumps({"type": "submitted", "text": "x" * 64}).encode() + b"\n"
+    n = 0
+    t = time.perf_counter()
+    try:
+        while time.perf_counter() - t < seconds:
+            os.write(fd, line)
+            os.fsync(fd)
+            n += 1
+    finally:
+        os.close(fd)
+    return n / (time.perf_counter() - t)
+
+
+async def uds_sustained(tmp: Path, total: int, conc: int) -> dict[str, object]:
+    env = {"XDG_RUNTIME_DIR": str(tmp / "rt")}
+    agent = Agent(Registry(tmp / "state"),
+                  AgentSpec(FakeHarness(name="fake"), "bench-tp", "/b", "receiver"), env=env)
+    await agent.start()
+    try:
+        assert agent.uds is not None
+        uds_path, token = str(agent.uds.path), agent.uds.key_path.read_text().strip()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _SENDERS, uds_path, token, str(total), str(conc),
+            stdout=subprocess.PIPE)
+        out, _ = await proc.communicate()
+        res = json.loads(out)
+    finally:
+        await agent.stop()
+    return {"accepted": res["accepted"], "seconds": round(res["seconds"], 3),
+            "per_sec": round(res["accepted"] / res["seconds"], 1)}
+
+
+def main(total: int, conc: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="ct-bench-tp-", dir="/tmp") as d:
+        tmp = Path(d)
+        raw = raw_write_fsync_per_sec(tmp)
+        emit(figure="raw_write_fsync_per_sec", per_sec=round(raw, 1))
+        res = asyncio.run(uds_sustained(tmp, total, conc))
+        emit(figure="uds_sustained_into_one_agent", messages=total, concurrency=conc,
+             senders="separate process", **res, baseline="raw_write_fsync_per_sec",
+             baseline_per_sec=round(raw, 1))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    args = ap.parse_args()
+    main(args.messages, args.concurrency)
