@@ -8,12 +8,16 @@ restart, :mod:`crosstalk.recovery`); :class:`Result` is what an ingress is told;
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from crosstalk.core.message import Message, Sender
 from crosstalk.core.states import AskState, MessageState
+
+if TYPE_CHECKING:
+    from crosstalk.store.commit import Group
 
 #: How long ``reply`` may answer an inform after it arrived (seed R7: inform routes expire).
 INFORM_ROUTE_SECONDS = 3600.0
@@ -58,6 +62,13 @@ class Inbound:
     stalled: bool = False
     #: When the message was admitted (journal time): an inform's reply route lasts an hour.
     arrived_at: float | None = None
+    #: The entry's last staged write while it is not yet durable (group commit): the entry
+    #: moves only when it is, and a copy of the message waits for it.
+    pending: Group | None = field(default=None, repr=False, compare=False)
+    #: The ``submitted`` record's write (admission), kept to wait on and to learn its fate.
+    admission: Group | None = field(default=None, repr=False, compare=False)
+    #: The admission record was refused: the message was never accepted.
+    failed: bool = False
 
     def route_open(self, now: float) -> bool:
         """Whether ``reply`` may still answer it (R7): an ask while open; an inform for
@@ -71,3 +82,10 @@ class Inbound:
 
 
 Listener = Callable[[Inbound], None]
+
+
+def answered(result: Result) -> asyncio.Future[Result]:
+    """A dispatch that ends at once, shaped like one whose outcome is still being written."""
+    done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+    done.set_result(result)
+    return done

@@ -29,6 +29,7 @@ What the receiver holds per message is :mod:`crosstalk.inbound`; its restart is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -66,7 +67,8 @@ from crosstalk.core.states import (
     releases_ask_slot,
 )
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
-from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result
+from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result, answered
+from crosstalk.store.commit import Group
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 from crosstalk.store.journal_read import ReadMark
 
@@ -124,10 +126,17 @@ class Receiver:
     # -- the chain -------------------------------------------------------------------------
 
     async def receive(self, msg: Message,
-                      dispatch: Callable[[Inbound], Awaitable[Result]] | None = None) -> Result:
-        """Admit then dispatch ``msg`` — through ``dispatch`` (the agent's lane) if given."""
+                      dispatch: Callable[[Inbound], Awaitable[Result]] | None = None, *,
+                      fused: bool = False) -> Result:
+        """Admit then dispatch ``msg`` — through ``dispatch`` (the agent's lane) if given.
+
+        ``fused``: the admission is not awaited before the dispatch. Its record is staged and
+        the dispatch lock, staged in the same turn when the lane is free, shares its write
+        (one fsync before the harness, not two; ADR 0036). The lock is written only if the
+        admission is, so a failed write accepted nothing and the sender's retry starts over.
+        """
         run = dispatch or self.dispatch
-        admitted = self.admit(msg)
+        admitted = await (self._stage_admit(msg) if fused else self.admit(msg))
         if isinstance(admitted, Result):
             prior = self.entries.get(msg.message_id)
             if (admitted.duplicate and prior is not None and prior.stalled
@@ -138,18 +147,64 @@ class Receiver:
                 prior.stalled = False
                 return replace(await run(prior), duplicate=True)
             return admitted
-        result = await run(admitted)
+        try:
+            result = await run(admitted)
+        except ReceiverUnavailable:
+            rejected = await self._admitted(admitted)  # the admission's own failure wins
+            if isinstance(rejected, Result):
+                return rejected
+            raise
         if admitted.message_id != msg.message_id:  # a bounce notice went out in its place
             return self.entries[msg.message_id].result()
         return result
 
-    def admit(self, msg: Message) -> Inbound | Result:
-        """Dedupe, checks and the durable ``submitted`` record, all without yielding.
+    async def admit(self, msg: Message) -> Inbound | Result:
+        """Dedupe, checks and the durable ``submitted`` record.
 
-        Returns the admitted :class:`Inbound`, or the final :class:`Result` when the message
-        stops here (duplicate or rejected). Text that is not valid Unicode is repaired first
-        (lone surrogates become U+FFFD, journaled as ``repaired``): never dropped.
+        Returns the admitted :class:`Inbound` once its record is durable, or the final
+        :class:`Result` when the message stops here (duplicate or rejected). Text that is not
+        valid Unicode is repaired first (lone surrogates become U+FFFD, journaled as
+        ``repaired``): never dropped.
         """
+        admitted = await self._stage_admit(msg)
+        if isinstance(admitted, Inbound):
+            return await self._admitted(admitted)
+        return admitted
+
+    async def _stage_admit(self, msg: Message) -> Inbound | Result:
+        """:meth:`stage_admit`, after any write in flight for the same message id: a copy is
+        answered only with a state already durable."""
+        await self.settled(msg.message_id)
+        return self.stage_admit(msg)
+
+    async def settled(self, message_id: str) -> Inbound | None:
+        """The entry of ``message_id`` once no write of it is in flight (``None``: there is
+        none, or its admission failed). The first copy's waiter resumes first, so whatever
+        it does right after its write (an A2A task) is done before a copy looks."""
+        while True:
+            entry = self.entries.get(message_id)
+            if entry is None or entry.pending is None or entry.pending.future is None:
+                return entry
+            with contextlib.suppress(JournalError):
+                await asyncio.shield(entry.pending.future)
+
+    async def _admitted(self, entry: Inbound) -> Inbound | Result:
+        """Wait for ``entry``'s admission record: the entry, its rejection (too large), or
+        :class:`ReceiverUnavailable` (nothing was accepted)."""
+        group = entry.admission
+        if group is None or group.future is None:
+            return entry
+        try:
+            await asyncio.shield(group.future)
+        except RecordTooLarge:
+            return self.entries[entry.message_id].result()
+        except JournalError as exc:
+            raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
+        return entry
+
+    def stage_admit(self, msg: Message) -> Inbound | Result:
+        """Dedupe, checks, and the ``submitted`` record staged, all without yielding: the
+        entry is indexed before its write, so a concurrent copy waits for it."""
         msg = with_valid_unicode(msg)
         if msg.native and msg.sender.agent_id == self.agent_id:
             return self._bounce(msg)
@@ -167,25 +222,37 @@ class Receiver:
         if reason is not None:
             return Result(msg.message_id, M.REJECTED, reason)  # transient: not journaled
         state = message_next(None, ME.ADMITTED)
-        try:
-            self.journal.append(message_record(msg, self.binding))
-        except RecordTooLarge:
-            # R10: the persisted-record cap is an admission limit like the text size (e.g.
-            # control characters JSON-escape sixfold): a deterministic rejection, not an
-            # outage the sender would retry forever.
-            self._release(msg.message_id, msg.kind.value)
-            return self._reject(msg, "message_too_large")
-        except JournalError as exc:
-            self._release(msg.message_id, msg.kind.value)
-            raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
+        group = self.journal.commit.stage([message_record(msg, self.binding)])
         entry = Inbound(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
                       binding=self.binding.as_record() if self.binding else None, message=msg,
                       deadline_seconds=msg.deadline_seconds, arrived_at=self.clock())
+        entry.pending = entry.admission = group
         self.entries[msg.message_id] = entry
-        self._notify(entry)
+        assert group.future is not None
+        group.future.add_done_callback(lambda _: self._on_admission(entry, msg))
         return entry
+
+    def _on_admission(self, entry: Inbound, msg: Message) -> None:
+        group = entry.admission
+        assert group is not None
+        if entry.pending is group:
+            entry.pending = None
+        if group.written:
+            self._notify(entry)
+            return
+        entry.message = None  # never dispatched: a queued dispatch finds it gone
+        entry.failed = True
+        if self.entries.get(msg.message_id) is entry:
+            del self.entries[msg.message_id]
+        self._release(msg.message_id, msg.kind.value)
+        if isinstance(group.result, RecordTooLarge):
+            # R10: the persisted-record cap is an admission limit like the text size (e.g.
+            # control characters JSON-escape sixfold): a deterministic rejection, not an
+            # outage the sender would retry forever.
+            with contextlib.suppress(ReceiverUnavailable):
+                self._reject(msg, "message_too_large")
 
     def _bounce(self, msg: Message) -> Inbound | Result:
         """A native reply from our own session: journal it bounced, never forward it.
@@ -215,7 +282,7 @@ class Receiver:
         notice = Message(message_id=new_message_id(),
                          sender=Sender(None, name="crosstalk", ingress=Ingress.LOCAL),
                          text=bounce_text(first_line, open_inbound), in_reply_to=None)
-        admitted = self.admit(notice)
+        admitted = self.stage_admit(notice)
         return admitted if isinstance(admitted, Inbound) else entry.result()
 
     def check(self, msg: Message) -> str | None:
@@ -261,19 +328,35 @@ class Receiver:
 
     async def dispatch(self, entry: Inbound) -> Result:
         """Claim the dispatch, inject, journal the outcome."""
+        return await (await self.dispatch_staged(entry))
+
+    async def dispatch_staged(self, entry: Inbound) -> asyncio.Future[Result]:
+        """:meth:`dispatch` up to the outcome's record, staged: the future gives the result
+        once that record is durable. The lane dispatches the next message meanwhile, so the
+        next dispatch lock shares the outcome's write (ADR 0036)."""
+        while (entry.pending is not None and entry.pending is not entry.admission
+               and entry.pending.future is not None):
+            # Another dispatch of it has a write in flight: its state, once durable.
+            with contextlib.suppress(JournalError):
+                await asyncio.shield(entry.pending.future)
+        if entry.failed:
+            raise ReceiverUnavailable("journal refused the message")
         if entry.state is not M.SUBMITTED or entry.message is None:
-            return entry.result()  # canceled (or already dispatched) while waiting
+            return answered(entry.result())  # canceled (or already dispatched) while waiting
         msg = entry.message
         if self.binding is None:
+            await self._admitted(entry)
             self.apply_event(entry, ME.UNDELIVERABLE, "not_bound", required=True)
             entry.message = None
             # An unbound ask gives its admission slot back like any undelivered ask.
             self._after_outcome(entry)
-            return entry.result()
+            return answered(entry.result())
         try:
-            self.apply_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
+            # Staged after the admission when that is still in flight: one write for both.
+            await self.commit_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
         except ReceiverUnavailable:
-            entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
+            if not entry.failed:
+                entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
             raise
         try:
             outcome = await self.harness.inject(self.binding,
@@ -293,12 +376,20 @@ class Receiver:
             # period) settled the message while inject() was in flight: the receipt is the
             # better evidence and resolve() did the ask bookkeeping, so it stands (the table
             # has no move from a settled state for the late outcome anyway).
-            return entry.result()
-        self.apply_event(entry, ME.INJECTED, outcome.reason, outcome=outcome.state,
-                         evidence=outcome.evidence, required=False,
-                         ask_record=self._ask_record(entry, outcome.state))
-        self._after_outcome(entry)
-        return entry.result()
+            return answered(entry.result())
+        group = self.stage_event(entry, ME.INJECTED, outcome.reason, outcome=outcome.state,
+                                 evidence=outcome.evidence, required=False,
+                                 ask_record=self._ask_record(entry, outcome.state),
+                                 then=lambda: self._after_outcome(entry))
+        done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+
+        def finish(_: object) -> None:  # after stage_event's own callback moved the entry
+            if not done.done():
+                done.set_result(entry.result())  # a lost write made it unknown
+
+        assert group.future is not None
+        group.future.add_done_callback(finish)
+        return done
 
     @staticmethod
     def _dispatch_held(entry: Inbound) -> bool:
@@ -314,8 +405,8 @@ class Receiver:
     def cancel(self, message_id: str) -> bool:
         """Cancel a message that has not been locked for dispatch (the A2A CancelTask race)."""
         entry = self.entries.get(message_id)
-        if entry is None or entry.state is not M.SUBMITTED:
-            return False
+        if entry is None or entry.state is not M.SUBMITTED or entry.pending is not None:
+            return False  # a write in flight: the lock (or its admission) came first
         self.apply_event(entry, ME.CANCELED, "canceled", required=True)
         entry.message = None
         self._release(message_id, entry.kind)
@@ -333,20 +424,78 @@ class Receiver:
         restart would find it. ``ask_record`` (the reply obligation a delivered ask opens)
         goes into the same write as the outcome: both are durable or neither is.
         """
-        state = message_next(entry.state, event, outcome)
-        record = MessageChange(id=entry.message_id, state=state, reason=reason,
-                               evidence=evidence)
-        batch = [record.to_dict()] if ask_record is None else [record.to_dict(),
-                                                                ask_record.to_dict()]
+        state, batch = self._event_records(entry, event, reason, outcome=outcome,
+                                           evidence=evidence, ask_record=ask_record)
         try:
             self.journal.append_batch(batch)
         except JournalError as exc:
             if required:
                 raise ReceiverUnavailable(f"journal refused {state.value}: {exc}") from exc
-            if state is not M.UNKNOWN and entry.state is M.DISPATCHING:
-                state = message_next(entry.state, ME.DISPATCH_INTERRUPTED)
-                reason, evidence = "journal_write_failed", None
-            ask_record = None
+            self._event_lost(entry, state, reason, evidence)
+            return
+        self._event_applied(entry, state, reason, evidence, ask_record)
+
+    async def commit_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
+                           required: bool, outcome: MessageState | None = None,
+                           evidence: str | None = None,
+                           ask_record: AskOpened | None = None) -> None:
+        """:meth:`apply_event` through the group commit: other writes share its fsync."""
+        group = self.stage_event(entry, event, reason, required=required, outcome=outcome,
+                                 evidence=evidence, ask_record=ask_record)
+        assert group.future is not None
+        try:
+            await asyncio.shield(group.future)
+        except JournalError as exc:
+            if required:
+                raise ReceiverUnavailable(f"journal refused {event.value}: {exc}") from exc
+
+    def stage_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
+                    required: bool, outcome: MessageState | None = None,
+                    evidence: str | None = None, ask_record: AskOpened | None = None,
+                    then: Callable[[], None] | None = None) -> Group:
+        """Stage the event's records; the entry moves when they are durable (in the write's
+        callback, so a cancelled waiter cannot leave it behind its journal). Until then the
+        entry is ``pending``: a copy of the message waits, a cancel finds it taken."""
+        state, batch = self._event_records(entry, event, reason, outcome=outcome,
+                                           evidence=evidence, ask_record=ask_record)
+        group = self.journal.commit.stage(batch, after=entry.pending)
+        entry.pending = group
+
+        def written(_: object) -> None:
+            if entry.pending is group:
+                entry.pending = None
+            if group.written:
+                self._event_applied(entry, state, reason, evidence, ask_record)
+            elif not required:
+                self._event_lost(entry, state, reason, evidence)
+            if then is not None:
+                then()
+
+        assert group.future is not None
+        group.future.add_done_callback(written)
+        return group
+
+    @staticmethod
+    def _event_records(entry: Inbound, event: MessageEvent, reason: str | None, *,
+                       outcome: MessageState | None, evidence: str | None,
+                       ask_record: AskOpened | None
+                       ) -> tuple[MessageState, list[dict[str, Any]]]:
+        state = message_next(entry.state, event, outcome)
+        record = MessageChange(id=entry.message_id, state=state, reason=reason,
+                               evidence=evidence).to_dict()
+        return state, [record] if ask_record is None else [record, ask_record.to_dict()]
+
+    def _event_lost(self, entry: Inbound, state: MessageState, reason: str | None,
+                    evidence: str | None) -> None:
+        """A change that gates nothing could not be journaled: a dispatch's outcome becomes
+        ``unknown``, as a restart would find it (R1)."""
+        if state is not M.UNKNOWN and entry.state is M.DISPATCHING:
+            state = message_next(entry.state, ME.DISPATCH_INTERRUPTED)
+            reason, evidence = "journal_write_failed", None
+        self._event_applied(entry, state, reason, evidence, None)
+
+    def _event_applied(self, entry: Inbound, state: MessageState, reason: str | None,
+                       evidence: str | None, ask_record: AskOpened | None) -> None:
         entry.state, entry.reason, entry.evidence = state, reason, evidence
         if ask_record is not None:
             entry.ask = ask_record.state

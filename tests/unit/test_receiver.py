@@ -145,12 +145,14 @@ def msg(mid: str, sender: Sender = ALICE, text: str = "hello", kind: Kind = Kind
     return Message(message_id=mid, sender=sender, text=text, kind=kind, **kwargs)
 
 
-async def settle(predicate: Callable[[], bool], rounds: int = 200) -> None:
-    """Yield to the loop until ``predicate`` holds (tasks run in a fixed order: no timing)."""
+async def settle(rig: Rig, predicate: Callable[[], bool], rounds: int = 200) -> None:
+    """Yield to the loop, and let the journal's staged writes finish, until ``predicate``
+    holds (tasks run in a fixed order and writes end when they end: no timing)."""
     for _ in range(rounds):
         if predicate():
             return
         await asyncio.sleep(0)
+        await rig.receiver.journal.commit.idle()
     raise AssertionError("condition never reached")
 
 
@@ -197,7 +199,7 @@ async def test_concurrent_duplicates_inject_once(rig: Rig) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(5):
             tg.start_soon(send)
-        await settle(lambda: len(results) == 4)  # four duplicates answered while one is parked
+        await settle(rig, lambda: len(results) == 4)  # four duplicates answered while one is parked
         assert rig.fake.parked.is_set()
         assert rig.written() == 0
         gate.set()
@@ -431,7 +433,7 @@ async def test_concurrent_duplicate_on_both_ingresses_injects_once(rig: Rig) -> 
     async with anyio.create_task_group() as tg:
         tg.start_soon(send, ALICE)
         tg.start_soon(send, ALICE_UDS)
-        await settle(lambda: len(results) == 1 and rig.fake.parked.is_set())
+        await settle(rig, lambda: len(results) == 1 and rig.fake.parked.is_set())
         gate.set()
     assert results[Ingress.A2A].state is M.ACCEPTED
     assert results[Ingress.UDS].duplicate
@@ -446,7 +448,7 @@ async def test_cancelled_dispatch_is_unknown(rig: Rig) -> None:
     rig.fake.then(Step(gate=gate))
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.receiver.receive, msg("m1"))
-        await settle(rig.fake.parked.is_set)
+        await settle(rig, rig.fake.parked.is_set)
         tg.cancel_scope.cancel()
     entry = rig.receiver.entries["m1"]
     assert (entry.state, entry.reason) == (M.UNKNOWN, "dispatch_cancelled")
@@ -481,7 +483,7 @@ async def test_restart_dedupe(rig: Rig) -> None:
 @pytest.mark.anyio
 async def test_partial_trailing_line_replays_without_it(rig: Rig) -> None:
     assert (await rig.receiver.receive(msg("m1"))).state is M.ACCEPTED
-    rig.receiver.admit(msg("m2"))
+    await rig.receiver.admit(msg("m2"))
     data = rig.path.read_bytes()
     last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
     rig.path.write_bytes(data[: len(data) - len(last) // 2 - 1])  # m2's record, torn
@@ -496,7 +498,7 @@ async def test_partial_trailing_line_replays_without_it(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_unresolved_dispatch_becomes_unknown_never_reinjected(rig: Rig) -> None:
-    entry = rig.receiver.admit(msg("m1"))
+    entry = await rig.receiver.admit(msg("m1"))
     assert isinstance(entry, Inbound)
     rig.journal.append({"subject": "message", "id": "m1", "state": "dispatching",
                         "reason": None})  # the claim, then the crash
@@ -516,7 +518,7 @@ async def test_unresolved_dispatch_becomes_unknown_never_reinjected(rig: Rig) ->
 @pytest.mark.anyio
 async def test_uds_submitted_passing_recheck_is_recovered(rig: Rig) -> None:
     for mid, sender in (("n-1", STRANGER), ("u-1", ALICE_UDS)):
-        assert isinstance(rig.receiver.admit(msg(mid, sender=sender, native=mid[0] == "n")),
+        assert isinstance(await rig.receiver.admit(msg(mid, sender=sender, native=mid[0] == "n")),
                           Inbound)
     assert rig.restart() == [], "uds messages are never resumed"
     for mid in ("n-1", "u-1"):
@@ -532,7 +534,7 @@ async def test_uds_submitted_passing_recheck_is_recovered(rig: Rig) -> None:
 @pytest.mark.anyio
 async def test_uds_submitted_failing_recheck_is_rejected(rig: Rig) -> None:
     big = "x" * 100
-    assert isinstance(rig.receiver.admit(msg("n-big", sender=STRANGER, text=big, native=True)),
+    assert isinstance(await rig.receiver.admit(msg("n-big", sender=STRANGER, text=big, native=True)),
                       Inbound)
     # a uds command can only be in the journal if an older build (or another writer) put it
     # there; it is written directly, the way it would be found
@@ -551,7 +553,7 @@ async def test_uds_submitted_failing_recheck_is_rejected(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_a2a_first_message_is_resumed_once(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("t-1", task_id="task-1")), Inbound)
+    assert isinstance(await rig.receiver.admit(msg("t-1", task_id="task-1")), Inbound)
     resumable = rig.restart()
     assert [e.message_id for e in resumable] == ["t-1"]
     assert rig.receiver.entries["t-1"].state is M.SUBMITTED
@@ -569,7 +571,7 @@ async def test_a2a_first_message_is_resumed_once(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_resume_rechecks_policy(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("c-1", sender=BOB, kind=Kind.COMMAND)), Inbound)
+    assert isinstance(await rig.receiver.admit(msg("c-1", sender=BOB, kind=Kind.COMMAND)), Inbound)
     rig.target = TargetRole(SUBAGENT, owner=ALICE.agent_id)  # claimed by alice meanwhile
     (entry,) = rig.restart()
     res = await rig.receiver.resume(entry)
@@ -581,7 +583,7 @@ async def test_resume_rechecks_policy(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_a2a_continuation_stays_submitted(rig: Rig) -> None:
-    assert isinstance(rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True)), Inbound)
+    assert isinstance(await rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True)), Inbound)
     assert rig.restart() == []
     entry = rig.receiver.entries["k-1"]
     assert entry.state is M.SUBMITTED
@@ -597,10 +599,10 @@ async def test_a2a_continuation_stays_submitted(rig: Rig) -> None:
                          ids=["other-session", "other-endpoint"])
 async def test_records_bound_to_another_conversation_are_unreachable(
         rig: Rig, other: Binding) -> None:
-    rig.receiver.admit(msg("t-1", task_id="task-1"))
-    rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True))
-    rig.receiver.admit(msg("n-1", sender=STRANGER, native=True))
-    rig.receiver.admit(msg("n-big", sender=STRANGER, native=True, text="y" * 100))
+    await rig.receiver.admit(msg("t-1", task_id="task-1"))
+    await rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True))
+    await rig.receiver.admit(msg("n-1", sender=STRANGER, native=True))
+    await rig.receiver.admit(msg("n-big", sender=STRANGER, native=True, text="y" * 100))
     assert rig.restart(binding=other, limits=Limits(max_text_bytes=50)) == []
     expected = {"t-1": M.UNREACHABLE, "k-1": M.UNREACHABLE, "n-1": M.UNREACHABLE,
                 "n-big": M.REJECTED}
@@ -632,14 +634,14 @@ async def test_open_ask_limit_rejects_before_acceptance(make_rig: Callable[..., 
     async with anyio.create_task_group() as tg:
         tg.start_soon(send, msg("a-1", kind=Kind.ASK))
         tg.start_soon(send, msg("a-2", sender=BOB, kind=Kind.ASK))
-        await settle(lambda: rig.fake.dequeued == 3)  # both asks parked in the harness
+        await settle(rig, lambda: rig.fake.dequeued == 3)  # both asks parked in the harness
         for mid in ("a-3", "a-4"):
             res = await rig.receiver.receive(msg(mid, kind=Kind.ASK))
             assert res == Result(mid, M.REJECTED, "too_many_open_asks")
             assert rig.records(mid) == [], "nothing journaled, nothing evicted"
         # other kinds are not held back by the ask limit
         tg.start_soon(send, msg("i-1"))
-        await settle(lambda: rig.fake.dequeued == 4)
+        await settle(rig, lambda: rig.fake.dequeued == 4)
         for g in gates:
             g.set()
     assert {m: r.state for m, r in results.items()} == {
@@ -812,7 +814,7 @@ async def test_unbound_receiver_is_unreachable_and_frees_the_ask_slot(
 
 @pytest.mark.anyio
 async def test_cancel_before_dispatch(rig: Rig) -> None:
-    entry = rig.receiver.admit(msg("m1", kind=Kind.ASK))
+    entry = await rig.receiver.admit(msg("m1", kind=Kind.ASK))
     assert isinstance(entry, Inbound)
     assert rig.receiver.admission.open_asks == {"m1"}
     assert rig.receiver.cancel("m1") is True
@@ -834,7 +836,7 @@ async def test_cancel_after_claim_fails(rig: Rig) -> None:
     rig.fake.then(Step(gate=gate))
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.receiver.receive, msg("m1"))
-        await settle(rig.fake.parked.is_set)
+        await settle(rig, rig.fake.parked.is_set)
         assert rig.receiver.cancel("m1") is False
         gate.set()
     assert rig.receiver.entries["m1"].state is M.ACCEPTED
@@ -946,7 +948,7 @@ async def test_receipt_while_the_harness_call_is_in_flight(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(send)
-        await settle(rig.fake.parked.is_set)
+        await settle(rig, rig.fake.parked.is_set)
         rig.receiver.resolve("m1", receipt, "receipt")
         gate.set()
     assert [r.state for r in results] == [receipt]
@@ -963,7 +965,7 @@ async def test_cancelled_dispatch_after_a_receipt_keeps_the_receipt(rig: Rig) ->
     rig.fake.then(Step(gate=gate))
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.receiver.receive, msg("m1"))
-        await settle(rig.fake.parked.is_set)
+        await settle(rig, rig.fake.parked.is_set)
         rig.receiver.resolve("m1", M.ACCEPTED, "receipt")
         tg.cancel_scope.cancel()
     assert rig.receiver.entries["m1"].state is M.ACCEPTED
@@ -973,7 +975,7 @@ async def test_cancelled_dispatch_after_a_receipt_keeps_the_receipt(rig: Rig) ->
 @pytest.mark.anyio
 async def test_resumed_ask_is_admitted_against_the_limit(make_rig: Callable[..., Rig]) -> None:
     rig = make_rig(limits=Limits(max_open_asks=1))
-    rig.receiver.admit(msg("a-1", kind=Kind.ASK, task_id="task-1"))
+    await rig.receiver.admit(msg("a-1", kind=Kind.ASK, task_id="task-1"))
     (entry,) = rig.restart()
     assert rig.receiver.admission.open_asks == set()
     assert (await rig.receiver.resume(entry)).state is M.ACCEPTED
@@ -986,7 +988,7 @@ async def test_resumed_ask_is_admitted_against_the_limit(make_rig: Callable[...,
 @pytest.mark.anyio
 async def test_resume_over_the_ask_limit_is_rejected(make_rig: Callable[..., Rig]) -> None:
     rig = make_rig(limits=Limits(max_open_asks=1))
-    rig.receiver.admit(msg("a-1", kind=Kind.ASK, task_id="task-1"))
+    await rig.receiver.admit(msg("a-1", kind=Kind.ASK, task_id="task-1"))
     (entry,) = rig.restart()
     assert (await rig.receiver.receive(msg("a-2", sender=BOB, kind=Kind.ASK))).state is (
         M.ACCEPTED)
@@ -1141,9 +1143,9 @@ class ReceiverMachine(RuleBasedStateMachine):
             self.native_ids += 1
             mid = f"n-{self.native_ids}"
         try:
-            admitted = self.rig.receiver.admit(msg(
+            admitted = self.loop.run_until_complete(self.rig.receiver.admit(msg(
                 mid, sender=sender, kind=kind, task_id=f"task-{mid}", native=native,
-                continuation=continuation and sender.ingress is Ingress.A2A))
+                continuation=continuation and sender.ingress is Ingress.A2A)))
         except ReceiverUnavailable:
             admitted = None
         if isinstance(admitted, Inbound) and append_claim:
@@ -1295,7 +1297,7 @@ async def test_open_ask_of_another_conversation_is_closed_on_restore(rig: Rig) -
 @pytest.mark.anyio
 async def test_local_notice_submitted_at_a_crash_is_rechecked_not_resumed(rig: Rig) -> None:
     local = Sender(None, ingress=Ingress.LOCAL)
-    entry = rig.receiver.admit(msg("m-local", sender=local, text="claimed by alice"))
+    entry = await rig.receiver.admit(msg("m-local", sender=local, text="claimed by alice"))
     assert isinstance(entry, Inbound)
     resumable = rig.restart()
     assert resumable == []
@@ -1401,7 +1403,7 @@ async def test_a_receipt_settles_only_an_unknown_message(rig: Rig) -> None:
 async def test_ending_an_ask_is_an_event(rig: Rig) -> None:
     with pytest.raises(KeyError):
         rig.receiver.end_ask("nope", AskEvent.ANSWERED)
-    assert isinstance(rig.receiver.admit(msg("q0", kind=Kind.ASK)), Inbound)
+    assert isinstance(await rig.receiver.admit(msg("q0", kind=Kind.ASK)), Inbound)
     with pytest.raises(KeyError):
         rig.receiver.close_ask("q0", AskState.ANSWERED)  # not delivered: no obligation yet
     assert (await rig.receiver.receive(msg("q", kind=Kind.ASK))).state is M.ACCEPTED

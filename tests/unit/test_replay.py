@@ -192,7 +192,7 @@ async def test_a_journal_the_receiver_wrote_audits_clean(tmp_path: Path) -> None
         await receiver.receive(Message("m1", ALICE, "hello", kind=Kind.ASK,
                                        deadline_seconds=5))
         receiver.close_ask("m1", AskState.ANSWERED, "noon")
-        receiver.admit(Message("m2", ALICE, "later"))
+        await receiver.admit(Message("m2", ALICE, "later"))
         assert receiver.cancel("m2")
         await receiver.receive(Message("m3", ALICE, "x" * 10, hop_chain=(receiver.hop_token,)))
     assert audit_journal(path) == []

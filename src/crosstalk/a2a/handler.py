@@ -178,7 +178,7 @@ class CrossTalkRequestHandler(RequestHandler):
             return await self._continue(params, sender, wait, context)
         fields, text = self._decode(msg_in)
         mid = msg_in.message_id
-        prior = self.receiver.entries.get(mid)
+        prior = await self.receiver.settled(mid)  # a copy in flight is answered once durable
         if prior is not None:
             return await self._retry(params, sender, prior, wait, context)
         waiting = self._reserve_wait() if wait else False
@@ -196,7 +196,7 @@ class CrossTalkRequestHandler(RequestHandler):
                 hop_chain=fields.hop_chain, sent_at=self.receiver.clock(),
                 repaired=repaired_fields(context))
             try:
-                admitted = self.receiver.admit(msg)
+                admitted = await self.receiver.admit(msg)
             except ReceiverUnavailable as exc:
                 self.receiver.admission.release_task(task_id)
                 log.error("message %s refused, nothing accepted: %s", mid, exc)
@@ -313,7 +313,7 @@ class CrossTalkRequestHandler(RequestHandler):
             raise TaskNotFoundError(message=f"Task {msg_in.task_id} not found")
         fields, text = self._decode(msg_in)
         mid = msg_in.message_id
-        prior = self.receiver.entries.get(mid)
+        prior = await self.receiver.settled(mid)
         if prior is not None:  # a retry answers with the past, even if the task ended since
             return await self._retry(params, sender, prior, wait, context)
         if is_terminal(stored.state):
@@ -333,7 +333,7 @@ class CrossTalkRequestHandler(RequestHandler):
                 hop_chain=fields.hop_chain, sent_at=self.receiver.clock(),
                 repaired=repaired_fields(context))
             try:
-                admitted = self.receiver.admit(msg)  # policy runs again (seed 23)
+                admitted = await self.receiver.admit(msg)  # policy runs again (seed 23)
             except ReceiverUnavailable as exc:
                 log.error("continuation %s refused, nothing accepted: %s", mid, exc)
                 raise journal_unavailable_error() from exc

@@ -274,6 +274,8 @@ class Agent:
                 await self.uds.stop()
             self.uds = None
         await self.group.close()
+        if self.journal is not None:
+            await self.journal.commit.idle()  # what was staged is written (or failed) first
         TAPS.unregister(self.tap)
         checkpoints, self.checkpoints = self.checkpoints, None
         if checkpoints is not None and self.journal is not None:

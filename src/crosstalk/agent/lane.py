@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.core.states import AskEvent, AskState, IllegalTransition
+from crosstalk.inbound import answered
 from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,8 @@ class DispatchLane:
             self._drained.clear()
             try:
                 async with self._turn:
-                    return await self.receiver.dispatch(entry)
+                    done = await self.receiver.dispatch_staged(entry)
+                return await done  # the turn is free: the next lock shares this outcome's write
             finally:
                 self._forget(mid)
         item = self._enqueue(entry, False)
@@ -146,24 +149,31 @@ class DispatchLane:
             try:
                 async with self._turn:
                     if item.resume:
-                        result = await self.receiver.resume(item.entry)
+                        done = answered(await self.receiver.resume(item.entry))
                     else:
-                        result = await self.receiver.dispatch(item.entry)
+                        done = await self.receiver.dispatch_staged(item.entry)
             except ReceiverUnavailable as exc:
                 log.error("dispatch of %s could not start: %s", mid, exc)
                 self._lane_error(mid, str(exc))
                 item.settle(error=exc)
+                self._forget(mid)
             except Exception as exc:  # a bug must not stop the lane for every later message
                 log.exception("dispatch of %s failed", mid)
                 self._lane_error(mid, repr(exc))
                 item.settle(error=exc)
+                self._forget(mid)
             except BaseException:
                 item.settle()  # cancelled by close(): the receiver journaled it unknown
+                self._forget(mid)
                 raise
             else:
-                item.settle(result)
-            finally:
-                self._forget(mid)
+                # Its outcome's write is in flight: the next message's lock joins it, and the
+                # waiters are answered when it is durable.
+                done.add_done_callback(functools.partial(self._finished, item))
+
+    def _finished(self, item: _Item, done: asyncio.Future[Result]) -> None:
+        item.settle(done.result())
+        self._forget(item.entry.message_id)
 
     def _forget(self, message_id: str) -> None:
         self._items.pop(message_id, None)

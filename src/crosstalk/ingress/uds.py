@@ -366,7 +366,7 @@ class UdsIngress:
             await self._ack(writer, msg.message_id, "rejected", refused)
             return
         try:
-            result = await self.receiver.receive(msg, dispatch=self.lane.dispatch)
+            result = await self.receiver.receive(msg, dispatch=self.lane.dispatch, fused=True)
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
             await self._ack(writer, msg.message_id, "error", "journal_unavailable")
@@ -393,7 +393,7 @@ class UdsIngress:
             return
         msg = message_of(frame, verified(desc, peer))
         try:
-            admitted = self.receiver.admit(msg)
+            admitted = await self.receiver.admit(msg)
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
             return

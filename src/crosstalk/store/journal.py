@@ -46,7 +46,9 @@ from typing import Any
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
 from crosstalk.store import collector
+from crosstalk.store.commit import Group, GroupCommit
 from crosstalk.store.files import FileOps, OsFileOps, open_regular
+from crosstalk.store.journal_errors import JournalError, JournalWriteError, RecordTooLarge
 from crosstalk.store.journal_format import (
     decode_scanned,
     encode_line,
@@ -56,17 +58,7 @@ from crosstalk.store.journal_format import (
 )
 from crosstalk.store.journal_read import Damage, ReadMark, RecordSink, Replay, Resume, read_from
 
-
-class JournalError(Exception):
-    """Base class for journal failures."""
-
-
-class JournalWriteError(JournalError):
-    """The record is **not** durable; the caller must fail the operation it was recording."""
-
-
-class RecordTooLarge(JournalError):
-    """The encoded record would exceed the reader's line limit; nothing was written."""
+__all__ = ["Journal", "JournalError", "JournalWriteError", "RecordTooLarge", "RetentionResult"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +95,8 @@ class Journal:
         self._truncate_to: int | None = None  # set when a rollback truncate failed
         self._wedged_data = b""  # the bytes that failed append tried to write
         self._streaming = False  # a replay is handing records to its ``each``
+        #: Concurrent appends share one write and one fsync (:mod:`crosstalk.store.commit`).
+        self.commit = GroupCommit(self)
         try:
             with self._locked():
                 self._open_locked()
@@ -308,45 +302,98 @@ class Journal:
         return self.append_batch([record])[0]
 
     def append_batch(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Write several records with one write and one fsync: all of them or none."""
+        """Write several records with one write and one fsync: all of them or none.
+
+        Records :attr:`commit` has staged go into the same write, ahead of these: the file
+        keeps the order the writes were asked for in.
+        """
         if not records:
             return []
+        return self.commit.write_now(records)
+
+    def write_groups(self, take: Callable[[], list[Group]]) -> list[Group]:
+        """One write and one fsync for the groups ``take`` hands over under the lock (group
+        commit, :mod:`crosstalk.store.commit`); each group's ``result`` says what became of it.
+
+        A group that cannot be encoded (:class:`RecordTooLarge`, not JSON), or whose ``after``
+        was not written, fails alone and takes no ``seq``; a failed write or fsync fails
+        every group in it (:class:`JournalWriteError`, the file rolled back). Every line but
+        the write's last carries the batch marker, so a crash mid-write drops the whole
+        write at replay: none of it was acknowledged.
+        """
         with self._locked():
-            self._settle_wedge_locked()
+            groups = take()
             try:
-                self._catch_up_locked(None)
-            except OSError as exc:
-                # e.g. the torn-tail truncate failed: nothing was written, and callers gate
-                # acknowledgement on JournalWriteError, so a bare OSError must not escape.
-                raise JournalWriteError(f"append to {self.path} failed: {exc}") from exc
-            now = self._clock()
-            stored: list[dict[str, Any]] = []
-            lines: list[bytes] = []
-            seq = self._last_seq
-            for i, rec in enumerate(records):
-                seq += 1
-                full = {**rec, "seq": seq, "ts": now}
-                try:
-                    line = encode_line(full, more=i < len(records) - 1)
-                except (TypeError, ValueError) as exc:
-                    raise JournalError(f"record is not JSON-serialisable: {exc}") from exc
-                if len(line) - 1 > self._max_line:
-                    raise RecordTooLarge(
-                        f"record of {len(line) - 1} bytes exceeds the {self._max_line}-byte limit"
-                    )
-                stored.append(full)
-                lines.append(line)
-            data = b"".join(lines)
-            pre = self._offset
+                self._write_groups_locked(groups)
+            except JournalWriteError as exc:  # the wedge or the catch-up: nothing written
+                for group in groups:
+                    if group.result is None:
+                        group.result = exc
+            return groups
+
+    def _write_groups_locked(self, groups: list[Group]) -> None:
+        self._settle_wedge_locked()
+        try:
+            self._catch_up_locked(None)
+        except OSError as exc:
+            # e.g. the torn-tail truncate failed: nothing was written, and callers gate
+            # acknowledgement on JournalWriteError, so a bare OSError must not escape.
+            raise JournalWriteError(f"append to {self.path} failed: {exc}") from exc
+        now = self._clock()
+        written: list[Group] = []
+        lines: list[bytes] = []
+        seq = self._last_seq
+        for group in groups:
+            after = group.after
+            if after is not None and after.written is False:
+                group.result = JournalWriteError("not written: what it follows was not")
+                continue
             try:
-                self._write_all(data)
-                self._ops.fsync(self._fd)
-            except OSError as exc:
-                self._rollback_locked(pre, data)
-                raise JournalWriteError(f"append to {self.path} failed: {exc}") from exc
-            self._offset = pre + len(data)
-            self._last_seq = seq
-            return stored
+                stored, encoded = self._encode_group(group.records, seq, now)
+            except JournalError as exc:
+                group.result = exc
+                continue
+            seq += len(stored)
+            group.result = stored
+            written.append(group)
+            lines.extend(encoded)
+        if not lines:
+            return
+        last = written[-1].result
+        assert isinstance(last, list)
+        lines[-1] = encode_line(last[-1])  # the write's last line closes the batch
+        data = b"".join(lines)
+        pre = self._offset
+        try:
+            self._write_all(data)
+            self._ops.fsync(self._fd)
+        except OSError as exc:
+            self._rollback_locked(pre, data)
+            failed = JournalWriteError(f"append to {self.path} failed: {exc}")
+            failed.__cause__ = exc
+            for group in written:
+                group.result = failed
+            return
+        self._offset = pre + len(data)
+        self._last_seq = seq
+
+    def _encode_group(self, records: Sequence[Mapping[str, Any]], seq: int, now: float
+                      ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        stored: list[dict[str, Any]] = []
+        lines: list[bytes] = []
+        for rec in records:
+            seq += 1
+            full = {**rec, "seq": seq, "ts": now}
+            try:
+                line = encode_line(full, more=True)
+            except (TypeError, ValueError) as exc:
+                raise JournalError(f"record is not JSON-serialisable: {exc}") from exc
+            if len(line) - 1 > self._max_line:
+                raise RecordTooLarge(
+                    f"record of {len(line) - 1} bytes exceeds the {self._max_line}-byte limit")
+            stored.append(full)
+            lines.append(line)
+        return stored, lines
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)

@@ -1,0 +1,200 @@
+"""Group commit: appends staged on an event loop share one write and one fsync.
+
+Why: an agent's journal is written from its event loop. A synchronous fsync per record blocks
+the loop, so sixteen senders wait in line for sixteen fsyncs, and the disk's fsync rate caps
+the messages an agent takes. A staged append is written by a worker thread instead: while it
+writes and fsyncs, the loop goes on reading frames and staging their records, and the next
+write takes every record staged meanwhile — one ``write``, one ``fsync`` (ADR 0036).
+
+What stays true:
+
+- **Each caller is answered after its own records are durable**: a group's future resolves
+  only after the fsync that covered it returned.
+- **A failed write fails every group in it** (the file is rolled back, as for any failed
+  append); a group that cannot be encoded (too large, not JSON) fails alone and takes no seq.
+- **A group can depend on another** (``after``): it is written only if that one was. The
+  dispatch lock is staged in the same tick as the admission it follows, so one write carries
+  both; if the admission fails, the lock is never written.
+- **File order is staging order.** A synchronous append (:meth:`GroupCommit.write_now`) takes
+  whatever is staged ahead of it into its own write, so records never overtake each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from crosstalk.store.journal_errors import JournalError, JournalWriteError
+
+Stored = list[dict[str, Any]]
+
+#: Journals flushing at once (one flush in flight per journal; a shim serves a few agents).
+_WORKERS = 8
+
+
+class _Pool:
+    """The writer threads, made on first use (a shim that never writes starts none)."""
+
+    lock = threading.Lock()
+    executor: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def get(cls) -> ThreadPoolExecutor:
+        with cls.lock:
+            if cls.executor is None:
+                cls.executor = ThreadPoolExecutor(_WORKERS,
+                                                  thread_name_prefix="crosstalk-journal")
+            return cls.executor
+
+    @classmethod
+    def forget(cls) -> None:  # a forked child must not submit to its parent's threads
+        cls.lock = threading.Lock()
+        cls.executor = None
+
+
+os.register_at_fork(after_in_child=_Pool.forget)
+
+
+class Group:
+    """One caller's records in a group commit, and what became of them."""
+
+    __slots__ = ("after", "future", "records", "result")
+
+    def __init__(self, records: Sequence[Mapping[str, Any]], after: Group | None,
+                 future: asyncio.Future[Stored] | None) -> None:
+        self.records = records
+        self.after = after
+        self.future = future
+        #: Set by the writer, under the journal's lock: the records as stored, or why not.
+        self.result: Stored | JournalError | None = None
+
+    @property
+    def written(self) -> bool | None:
+        """Whether the records are durable; ``None`` while not yet written."""
+        return None if self.result is None else not isinstance(self.result, JournalError)
+
+
+class Writer(Protocol):
+    def write_groups(self, take: Callable[[], list[Group]]) -> list[Group]: ...
+
+
+class GroupCommit:
+    """The staged appends of one journal. Stage from an event loop; thread-safe otherwise."""
+
+    def __init__(self, journal: Writer) -> None:
+        self._journal = journal
+        self._lock = threading.Lock()
+        self._queue: list[Group] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._busy = False  # a flush scheduled or running (read and set on the loop only)
+        self._idle: asyncio.Event | None = None
+
+    def stage(self, records: Sequence[Mapping[str, Any]], *,
+              after: Group | None = None) -> Group:
+        """Queue ``records`` for the next shared write; await ``group.future`` for them as
+        stored. Nothing is written before the loop's next turn, so what the current turn
+        stages shares one write."""
+        loop = asyncio.get_running_loop()
+        group = Group(records, after, loop.create_future())
+        with self._lock:
+            self._queue.append(group)
+        self._loop = loop
+        if not self._busy:
+            self._busy = True
+            if self._idle is not None:
+                self._idle.clear()
+            loop.call_soon(self._kick)
+        return group
+
+    def write_now(self, records: Sequence[Mapping[str, Any]]) -> Stored:
+        """A synchronous append: one write with everything staged ahead of it."""
+        mine = Group(records, None, None)
+        groups = self._journal.write_groups(lambda: [*self._take(), mine])
+        self._deliver_soon([g for g in groups if g is not mine])
+        result = mine.result
+        if isinstance(result, JournalError):
+            raise result
+        assert result is not None
+        return result
+
+    async def idle(self) -> None:
+        """Wait until everything staged so far is written (or failed)."""
+        if not self._busy:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        await self._idle.wait()
+
+    def _take(self) -> list[Group]:
+        with self._lock:
+            taken, self._queue = self._queue, []
+        return taken
+
+    def _kick(self) -> None:
+        try:
+            _Pool.get().submit(self._flush)
+        except RuntimeError as exc:  # the interpreter is shutting down
+            self._fail(self._take(), JournalWriteError(f"journal writer unavailable: {exc}"))
+            self._after_flush()
+
+    def _flush(self) -> None:
+        """In a worker thread: one write of everything staged, then answers on the loop."""
+        taken: list[Group] = []
+
+        def take() -> list[Group]:
+            taken.extend(self._take())
+            return taken
+
+        try:
+            self._journal.write_groups(take)
+        except JournalError as exc:  # e.g. closed, or wedged: nothing of theirs was written
+            self._fail(taken or self._take(), exc)
+        except BaseException as exc:
+            self._fail(taken or self._take(), JournalWriteError(f"journal write failed: {exc!r}"))
+            raise
+        finally:
+            self._deliver_soon(taken, then=self._after_flush)
+
+    @staticmethod
+    def _fail(groups: list[Group], exc: JournalError) -> None:
+        for group in groups:
+            if group.result is None:
+                group.result = exc
+
+    def _deliver_soon(self, groups: list[Group],
+                      then: Callable[[], None] | None = None) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(self._deliver, groups, then)
+
+    @staticmethod
+    def _deliver(groups: list[Group], then: Callable[[], None] | None) -> None:
+        for group in groups:
+            future, result = group.future, group.result
+            if future is None or future.done():
+                continue
+            if isinstance(result, JournalError):
+                future.set_exception(result)
+            elif result is None:
+                future.set_exception(JournalWriteError("the journal writer did not finish"))
+            else:
+                future.set_result(result)
+        if then is not None:
+            then()
+
+    def _after_flush(self) -> None:
+        with self._lock:
+            more = bool(self._queue)
+        if more and self._loop is not None:
+            self._loop.call_soon(self._kick)
+            return
+        self._busy = False
+        if self._idle is not None:
+            self._idle.set()
