@@ -77,6 +77,12 @@ class Inbound:
             return self.ask is AskState.OPEN
         return self.arrived_at is None or now - self.arrived_at <= INFORM_ROUTE_SECONDS
 
+    @property
+    def cancelable(self) -> bool:
+        """Not locked for dispatch, nor with a write in flight (the lock, or its admission,
+        is then taken first: a cancel loses)."""
+        return self.state is MessageState.SUBMITTED and self.pending is None
+
     def result(self, *, duplicate: bool = False) -> Result:
         return Result(self.message_id, self.state, self.reason, duplicate, self.evidence)
 

@@ -405,8 +405,8 @@ class Receiver:
     def cancel(self, message_id: str) -> bool:
         """Cancel a message that has not been locked for dispatch (the A2A CancelTask race)."""
         entry = self.entries.get(message_id)
-        if entry is None or entry.state is not M.SUBMITTED or entry.pending is not None:
-            return False  # a write in flight: the lock (or its admission) came first
+        if entry is None or not entry.cancelable:
+            return False
         self.apply_event(entry, ME.CANCELED, "canceled", required=True)
         entry.message = None
         self._release(message_id, entry.kind)

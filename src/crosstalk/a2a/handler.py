@@ -399,7 +399,7 @@ class CrossTalkRequestHandler(RequestHandler):
             raise TaskNotCancelableError(message=f"Task {params.id} is already "
                                                  f"{stored.state.value}")
         entries = [self.receiver.entries.get(mid) for mid in stored.refs]
-        if not entries or any(e is None or e.state is not M.SUBMITTED for e in entries):
+        if not entries or any(e is None or not e.cancelable for e in entries):
             raise TaskNotCancelableError(
                 message=f"Task {params.id} was already claimed for dispatch")
         try:

@@ -33,6 +33,9 @@ from crosstalk.store.journal_errors import JournalError, JournalWriteError
 
 Stored = list[dict[str, Any]]
 
+#: Up to this many callers' groups, with nothing staged during the last threaded write, are
+#: written on the loop itself (one caller's admission and dispatch lock are two groups).
+_INLINE_GROUPS = 2
 #: Journals flushing at once (one flush in flight per journal; a shim serves a few agents).
 _WORKERS = 8
 
@@ -93,6 +96,8 @@ class GroupCommit:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False  # a flush scheduled or running (read and set on the loop only)
         self._idle: asyncio.Event | None = None
+        self._threaded = False  # the flush in flight runs in a worker thread
+        self._contended = False  # something was staged while a threaded flush ran
 
     def stage(self, records: Sequence[Mapping[str, Any]], *,
               after: Group | None = None) -> Group:
@@ -104,6 +109,8 @@ class GroupCommit:
         with self._lock:
             self._queue.append(group)
         self._loop = loop
+        if self._threaded:
+            self._contended = True  # arrivals while a write is in flight: keep overlapping
         if not self._busy:
             self._busy = True
             if self._idle is not None:
@@ -136,14 +143,24 @@ class GroupCommit:
         return taken
 
     def _kick(self) -> None:
+        with self._lock:
+            few = len(self._queue) <= _INLINE_GROUPS
+        if few and not self._contended:
+            # Nothing else is arriving: a thread hop would only add to these callers'
+            # latency, and the loop has nothing to do during the fsync anyway.
+            self._flush(inline=True)
+            return
+        self._threaded, self._contended = True, False
         try:
             _Pool.get().submit(self._flush)
         except RuntimeError as exc:  # the interpreter is shutting down
+            self._threaded = False
             self._fail(self._take(), JournalWriteError(f"journal writer unavailable: {exc}"))
             self._after_flush()
 
-    def _flush(self) -> None:
-        """In a worker thread: one write of everything staged, then answers on the loop."""
+    def _flush(self, *, inline: bool = False) -> None:
+        """One write of everything staged, then the answers on the loop (in a worker
+        thread, or ``inline`` on the loop itself)."""
         taken: list[Group] = []
 
         def take() -> list[Group]:
@@ -158,7 +175,10 @@ class GroupCommit:
             self._fail(taken or self._take(), JournalWriteError(f"journal write failed: {exc!r}"))
             raise
         finally:
-            self._deliver_soon(taken, then=self._after_flush)
+            if inline:
+                self._deliver(taken, self._after_flush)
+            else:
+                self._deliver_soon(taken, then=self._after_flush)
 
     @staticmethod
     def _fail(groups: list[Group], exc: JournalError) -> None:
@@ -190,6 +210,7 @@ class GroupCommit:
             then()
 
     def _after_flush(self) -> None:
+        self._threaded = False
         with self._lock:
             more = bool(self._queue)
         if more and self._loop is not None:
