@@ -534,7 +534,8 @@ async def test_uds_submitted_passing_recheck_is_recovered(rig: Rig) -> None:
 @pytest.mark.anyio
 async def test_uds_submitted_failing_recheck_is_rejected(rig: Rig) -> None:
     big = "x" * 100
-    assert isinstance(await rig.receiver.admit(msg("n-big", sender=STRANGER, text=big, native=True)),
+    assert isinstance(await rig.receiver.admit(msg("n-big", sender=STRANGER, text=big,
+                                                   native=True)),
                       Inbound)
     # a uds command can only be in the journal if an older build (or another writer) put it
     # there; it is written directly, the way it would be found
@@ -583,7 +584,8 @@ async def test_resume_rechecks_policy(rig: Rig) -> None:
 @pytest.mark.seed(20)
 @pytest.mark.anyio
 async def test_a2a_continuation_stays_submitted(rig: Rig) -> None:
-    assert isinstance(await rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True)), Inbound)
+    admitted = await rig.receiver.admit(msg("k-1", task_id="task-1", continuation=True))
+    assert isinstance(admitted, Inbound)
     assert rig.restart() == []
     entry = rig.receiver.entries["k-1"]
     assert entry.state is M.SUBMITTED

@@ -170,9 +170,9 @@ class GroupCommit:
         try:
             self._journal.write_groups(take)
         except JournalError as exc:  # e.g. closed, or wedged: nothing of theirs was written
-            self._fail(taken or self._take(), exc)
+            self._fail(take(), exc)
         except BaseException as exc:
-            self._fail(taken or self._take(), JournalWriteError(f"journal write failed: {exc!r}"))
+            self._fail(take(), JournalWriteError(f"journal write failed: {exc!r}"))
             raise
         finally:
             if inline:
