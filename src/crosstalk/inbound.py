@@ -67,6 +67,8 @@ class Inbound:
     pending: Group | None = field(default=None, repr=False, compare=False)
     #: The ``submitted`` record's write (admission), kept to wait on and to learn its fate.
     admission: Group | None = field(default=None, repr=False, compare=False)
+    #: A write the dispatch lock must follow and may share (an A2A task's first record).
+    prerequisite: Group | None = field(default=None, repr=False, compare=False)
     #: The admission record was refused: the message was never accepted.
     failed: bool = False
 

@@ -334,8 +334,9 @@ class Receiver:
         """:meth:`dispatch` up to the outcome's record, staged: the future gives the result
         once that record is durable. The lane dispatches the next message meanwhile, so the
         next dispatch lock shares the outcome's write (ADR 0036)."""
-        while (entry.pending is not None and entry.pending is not entry.admission
-               and entry.pending.future is not None):
+        while (entry.pending is not None and entry.pending.future is not None
+               and entry.pending is not entry.admission
+               and entry.pending is not entry.prerequisite):
             # Another dispatch of it has a write in flight: its state, once durable.
             with contextlib.suppress(JournalError):
                 await asyncio.shield(entry.pending.future)

@@ -212,9 +212,10 @@ class CrossTalkRequestHandler(RequestHandler):
                 entry = admitted
                 self.book.note_pending(mid, msg.deadline_seconds)
             history = [inbound_copy(msg_in, task_id, context_id)]
-            self.book.create_task(task_id, context_id, sender, entry, history)
             if entry.state is M.SUBMITTED:
+                # Woken before the task's record is written: the lock shares that write.
                 self.lane.submit(entry)
+            self.book.create_task(task_id, context_id, sender, entry, history)
             return await self._respond(task_id, params, context, wait)
         finally:
             if waiting:
@@ -352,11 +353,19 @@ class CrossTalkRequestHandler(RequestHandler):
 
     async def _respond(self, task_id: str, params: pb.SendMessageRequest,
                        context: ServerCallContext, wait: bool) -> pb.Task:
+        now = self.book.store.lookup(task_id)
+        # The task as it is now, answered once its record (and all before it) is durable: a
+        # record that fails tells the sender why. Waiting, the settled state, once durable.
+        snapshot = copy_task(now.task) if now is not None and not wait else None
+        await self.book.written(task_id)
         if wait:
             await self._await_settled(task_id, context.state.get(RECEIVE_KEY))
+            await self.book.written(task_id)
         stored = self.book.store.lookup(task_id)
         if stored is None:  # pragma: no cover  (tasks are never forgotten while served)
             raise InternalError(message="task vanished")
+        if snapshot is not None:
+            return apply_history_length(snapshot, params.configuration)
         failed = self.lane.errors.get(stored.refs[-1]) if stored.refs else None
         if wait and failed is not None and stored.state is T.SUBMITTED:
             raise InternalError(message=f"dispatch could not start: {failed}")

@@ -22,6 +22,7 @@ open asks' deadlines are armed on the agent's dispatch lane, which expires them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
@@ -49,6 +50,7 @@ from crosstalk.core.states import DELIVERED, AskState, IllegalTransition, Messag
 from crosstalk.core.tasks import TaskMessage, TaskView, derive_task
 from crosstalk.receiver import Inbound, Receiver
 from crosstalk.recovery import Restore
+from crosstalk.store.commit import Group
 from crosstalk.store.journal import JournalError
 
 log = logging.getLogger(__name__)
@@ -151,11 +153,12 @@ class TaskBook:
                 composed.status.ClearField("message")
             task = composed
         stamp(task, self.receiver.clock())
-        try:
-            self.store.put(task, owner=sender.agent_id, refs=[entry.message_id])
-        except JournalError as exc:
-            self.receiver.admission.release_task(task_id)
-            raise InternalError(message=f"journal unavailable: {exc}") from exc
+        self.store.put(task, owner=sender.agent_id, refs=[entry.message_id], staged=True)
+        group = self.store.writes[task_id]
+        # The dispatch lock follows the task's first record (and shares its write): if that
+        # fails, nothing is locked, and the sender's retry gives the message its task.
+        entry.pending = entry.prerequisite = group
+        self._watch(task_id, group, entry)
         if initial is T.REJECTED:
             self.receiver.admission.release_task(task_id)
         self.apply(task_id)
@@ -198,10 +201,43 @@ class TaskBook:
         if event is not None:
             event.set()
 
+    async def written(self, task_id: str) -> None:
+        """Wait for the task's staged record: a task is reported only once it is durable.
+        Raises :class:`InternalError` if its first record failed (the task is gone)."""
+        group = self.store.writes.get(task_id)
+        if group is None or group.future is None:
+            return
+        with contextlib.suppress(JournalError):
+            await asyncio.shield(group.future)
+        if self.store.lookup(task_id) is None:
+            raise InternalError(message=f"journal unavailable: {group.result}")
+
+    def _watch(self, task_id: str, group: Group, entry: Inbound | None = None) -> None:
+        def done(_: object) -> None:
+            if self.store.writes.get(task_id) is group:
+                del self.store.writes[task_id]
+            if entry is not None and entry.pending is group:
+                entry.pending = None
+            if group.written:
+                return
+            if entry is not None:  # its first record: as if it was never created
+                log.error("task %s: journal refused its first record (%s)", task_id,
+                          group.result)
+                self.store.forget(task_id)
+                self.receiver.admission.release_task(task_id)
+                return
+            log.error("task %s: journal refused the task record (%s); kept in memory",
+                      task_id, group.result)
+            self._dirty.add(task_id)  # the next change writes it again
+
+        assert group.future is not None
+        group.future.add_done_callback(done)
+
     def save(self, task: pb.Task, owner: str, refs: Sequence[str]) -> None:
         try:
-            self.store.put(task, owner=owner, refs=refs)
+            self.store.put(task, owner=owner, refs=refs, staged=True)
             self._dirty.discard(task.id)
+            self._watch(task.id, self.store.writes[task.id])
         except JournalError as exc:
             # The receiver's message records are the source of truth and are durable; the
             # task is re-derived from them on restore. Serve the new state, retry the record.

@@ -62,6 +62,7 @@ from crosstalk.core.records import (
 )
 from crosstalk.core.states import Subject, TaskState, machine, task_next
 from crosstalk.core.tasks import TASK_EVENT_FOR
+from crosstalk.store.commit import Group
 from crosstalk.store.journal import Journal
 
 if TYPE_CHECKING:
@@ -249,6 +250,8 @@ class JournalTaskStore(TaskStore):
 
     def __init__(self, journal: Journal, *, clock: Callable[[], float] = time.time) -> None:
         self.journal = journal
+        #: Each task's staged record still being written (``put(staged=True)``).
+        self.writes: dict[str, Group] = {}
         self._clock = clock
         self._tasks: dict[str, StoredTask] = {}
         self._by_message: dict[str, str] = {}
@@ -256,8 +259,12 @@ class JournalTaskStore(TaskStore):
     # -- CrossTalk API (synchronous: no await between a decision and its record) ----------
 
     def put(self, task: pb.Task, *, owner: str, refs: Sequence[str] | None = None,
-            durable: bool = True) -> StoredTask:
+            durable: bool = True, staged: bool = False) -> StoredTask:
         """Journal the task (unless ``durable`` is false), then make it current in memory.
+
+        ``staged``: the record goes into the journal's next shared write (group commit) and
+        the task is current at once; :attr:`writes` holds the write until it is done, and
+        whoever reports the task waits for it (:meth:`TaskBook.written`).
 
         Raises :class:`~crosstalk.store.journal.JournalError` when the record is not durable
         (nothing changes then), :class:`TaskStoreError` for a foreign owner, and
@@ -278,12 +285,14 @@ class JournalTaskStore(TaskStore):
         if durable:
             stored_json = copy_task(task)
             stored_json.ClearField("history")
-            written = self.journal.append(TaskRecord(
-                id=task.id, state=new_state, owner=owner, refs=tuple(ids),
-                task=MessageToDict(stored_json)).to_dict())
-            ts = written.get("ts")
-            if isinstance(ts, int | float):
-                updated_at = float(ts)
+            record = TaskRecord(id=task.id, state=new_state, owner=owner, refs=tuple(ids),
+                                task=MessageToDict(stored_json)).to_dict()
+            if staged:
+                self.writes[task.id] = self.journal.commit.stage([record])
+            else:
+                ts = self.journal.append(record).get("ts")
+                if isinstance(ts, int | float):
+                    updated_at = float(ts)
         stored = StoredTask(copy_task(task), owner, ids, updated_at)
         self._tasks[task.id] = stored
         for mid in ids:
