@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from crosstalk.a2a import wire
-from crosstalk.a2a.tasks import task_message, task_metadata
+from crosstalk.a2a.taskderive import task_message, task_metadata
 from crosstalk.core.message import Kind, Sender
 from crosstalk.core.states import AskState, MessageState, TaskState
 from crosstalk.core.tasks import Completion, TaskMessage, derive_task, task_state_for

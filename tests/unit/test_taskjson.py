@@ -17,8 +17,8 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crosstalk.a2a.taskderive import stamp
 from crosstalk.a2a.taskjson import plain_state
-from crosstalk.a2a.tasks import stamp
 from crosstalk.a2a.taskstore import Body, task_state, wire_state
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.records import MessageSubmitted, parse_record

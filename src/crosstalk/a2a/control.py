@@ -15,7 +15,8 @@ from typing import Any
 from a2a.types import a2a_pb2 as pb
 
 from crosstalk.a2a import wire
-from crosstalk.a2a.tasks import NAMESPACE, inbound_copy, stamp
+from crosstalk.a2a.taskderive import inbound_copy, stamp
+from crosstalk.a2a.tasks import NAMESPACE
 from crosstalk.a2a.taskstore import wire_state
 from crosstalk.core.message import Sender
 from crosstalk.core.policy import ControlResult

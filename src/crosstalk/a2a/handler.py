@@ -63,7 +63,8 @@ from crosstalk.a2a.errors import (
     require_sender,
 )
 from crosstalk.a2a.liststatus import status_filter
-from crosstalk.a2a.tasks import Lane, TaskBook, inbound_copy
+from crosstalk.a2a.taskderive import inbound_copy
+from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import copy_task, is_terminal
 from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState, TaskState
@@ -212,8 +213,7 @@ class CrossTalkRequestHandler(RequestHandler):
                 entry = admitted
                 self.book.note_pending(mid, msg.deadline_seconds)
             history = [inbound_copy(msg_in, task_id, context_id)]
-            if entry.state is M.SUBMITTED:
-                # Woken before the task's record is written: the lock shares that write.
+            if entry.state is M.SUBMITTED:  # woken first: its lock shares the task's write
                 self.lane.submit(entry)
             self.book.create_task(task_id, context_id, sender, entry, history)
             return await self._respond(task_id, params, context, wait)
@@ -353,9 +353,7 @@ class CrossTalkRequestHandler(RequestHandler):
 
     async def _respond(self, task_id: str, params: pb.SendMessageRequest,
                        context: ServerCallContext, wait: bool) -> pb.Task:
-        now = self.book.store.lookup(task_id)
-        # The task as it is now, answered once its record (and all before it) is durable: a
-        # record that fails tells the sender why. Waiting, the settled state, once durable.
+        now = self.book.store.lookup(task_id)  # answered as it is now, once that is durable
         snapshot = copy_task(now.task) if now is not None and not wait else None
         await self.book.written(task_id)
         if wait:

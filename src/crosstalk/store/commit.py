@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from crosstalk.store.journal_errors import JournalError, JournalWriteError
+from crosstalk.store.journal_errors import JournalError, JournalWriteError, RecordTooLarge
+from crosstalk.store.journal_format import encode_line
 
 Stored = list[dict[str, Any]]
 
@@ -80,6 +81,27 @@ class Group:
     def written(self) -> bool | None:
         """Whether the records are durable; ``None`` while not yet written."""
         return None if self.result is None else not isinstance(self.result, JournalError)
+
+
+def encode_group(records: Sequence[Mapping[str, Any]], seq: int, now: float, max_line: int
+                 ) -> tuple[Stored, list[bytes]]:
+    """One caller's records as stored (numbered from ``seq`` + 1) and as lines, each with the
+    batch marker (the write's last line is re-encoded without it)."""
+    stored: Stored = []
+    lines: list[bytes] = []
+    for rec in records:
+        seq += 1
+        full = {**rec, "seq": seq, "ts": now}
+        try:
+            line = encode_line(full, more=True)
+        except (TypeError, ValueError) as exc:
+            raise JournalError(f"record is not JSON-serialisable: {exc}") from exc
+        if len(line) - 1 > max_line:
+            raise RecordTooLarge(
+                f"record of {len(line) - 1} bytes exceeds the {max_line}-byte limit")
+        stored.append(full)
+        lines.append(line)
+    return stored, lines
 
 
 class Writer(Protocol):

@@ -12,12 +12,12 @@ Why each rule exists:
   re-serialising, and every line is still plain JSON for ``jq``. An ``append_batch`` write
   marks every line but its last ``{"b":...`` (CRC over the marker and R), so readers can tell
   a batch a crash cut short from whole records and drop it with the torn tail.
-- **Replay never raises on damage.** A partial trailing line is discarded (it was never
-  acknowledged: writers hold the lock until their fsync returns); a corrupt line mid-file is
-  skipped and reported as :class:`Damage`; the journal keeps serving.
-- **Replay can stream, and be followed.** ``replay(each=...)`` keeps no record: a restart folds
-  a 24 h journal (20k messages, 35 MB) in memory bounded by the read chunk. ``read_since``
-  hands on only what was written after a mark (the mailbox's view).
+- **Replay never raises on damage.** A partial trailing line (never acknowledged: writers
+  hold the lock until their fsync returns) is dropped; a corrupt line mid-file is skipped and
+  reported as :class:`Damage`. ``replay(each=...)`` streams in memory bounded by the read
+  chunk; ``read_since`` hands on only what follows a mark (the mailbox's view).
+- **Concurrent appends share a write** (:attr:`Journal.commit`, :mod:`crosstalk.store.commit`):
+  one write and one fsync for every caller staged meanwhile, each answered after its fsync.
 - **Two writers never interleave.** Appends take an ``flock`` on a sidecar lock file (which is
   never renamed or unlinked, so every process locks the same inode) and write with
   ``O_APPEND``; a writer that finds the file grew under it catches up before assigning ``seq``.
@@ -46,7 +46,7 @@ from typing import Any
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
 from crosstalk.store import collector
-from crosstalk.store.commit import Group, GroupCommit
+from crosstalk.store.commit import Group, GroupCommit, encode_group
 from crosstalk.store.files import FileOps, OsFileOps, open_regular
 from crosstalk.store.journal_errors import JournalError, JournalWriteError, RecordTooLarge
 from crosstalk.store.journal_format import (
@@ -302,25 +302,16 @@ class Journal:
         return self.append_batch([record])[0]
 
     def append_batch(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Write several records with one write and one fsync: all of them or none.
-
-        Records :attr:`commit` has staged go into the same write, ahead of these: the file
-        keeps the order the writes were asked for in.
-        """
+        """Write several records with one write and one fsync: all of them or none (after
+        what :attr:`commit` has staged, in the same write: the file keeps the asked order)."""
         if not records:
             return []
         return self.commit.write_now(records)
 
     def write_groups(self, take: Callable[[], list[Group]]) -> list[Group]:
         """One write and one fsync for the groups ``take`` hands over under the lock (group
-        commit, :mod:`crosstalk.store.commit`); each group's ``result`` says what became of it.
-
-        A group that cannot be encoded (:class:`RecordTooLarge`, not JSON), or whose ``after``
-        was not written, fails alone and takes no ``seq``; a failed write or fsync fails
-        every group in it (:class:`JournalWriteError`, the file rolled back). Every line but
-        the write's last carries the batch marker, so a crash mid-write drops the whole
-        write at replay: none of it was acknowledged.
-        """
+        commit, :mod:`crosstalk.store.commit`; the rules are there); each group's ``result``
+        says what became of it."""
         with self._locked():
             groups = take()
             try:
@@ -349,7 +340,7 @@ class Journal:
                 group.result = JournalWriteError("not written: what it follows was not")
                 continue
             try:
-                stored, encoded = self._encode_group(group.records, seq, now)
+                stored, encoded = encode_group(group.records, seq, now, self._max_line)
             except JournalError as exc:
                 group.result = exc
                 continue
@@ -376,24 +367,6 @@ class Journal:
             return
         self._offset = pre + len(data)
         self._last_seq = seq
-
-    def _encode_group(self, records: Sequence[Mapping[str, Any]], seq: int, now: float
-                      ) -> tuple[list[dict[str, Any]], list[bytes]]:
-        stored: list[dict[str, Any]] = []
-        lines: list[bytes] = []
-        for rec in records:
-            seq += 1
-            full = {**rec, "seq": seq, "ts": now}
-            try:
-                line = encode_line(full, more=True)
-            except (TypeError, ValueError) as exc:
-                raise JournalError(f"record is not JSON-serialisable: {exc}") from exc
-            if len(line) - 1 > self._max_line:
-                raise RecordTooLarge(
-                    f"record of {len(line) - 1} bytes exceeds the {self._max_line}-byte limit")
-            stored.append(full)
-            lines.append(line)
-        return stored, lines
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
