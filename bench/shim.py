@@ -23,7 +23,8 @@ every figure's baseline is measured in the same run:
 Percentiles are nearest-rank (with few runs p99 is the maximum). Everything lives in a temp dir
 under /tmp; agents listen on 127.0.0.1 and unix sockets only. Progress goes to stderr.
 Both listings run with 200 and with 1,000 agents (``--sessions 50,250``).
-Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50,250] [--calls 50]``.
+Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50,250] [--calls 50]
+[--only start,list,rss]``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ SHIM_ARGV = ["-m", "crosstalk", "mcp"]
 SHIM_TOOLS = 7
 SETTLE_SECONDS = 0.3  # let a process finish what a call started before reading its RSS
 REAP_GRACE_SECONDS = 3.0
+FIGURE_GROUPS = ("start", "list", "rss")
 
 
 def emit(**fields: object) -> None:
@@ -417,11 +419,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    await bench_start(tmp, args.runs)
-    for sessions in args.sessions:
-        await bench_list_agents(tmp, args.shims, sessions, args.calls)
-        await bench_claude_discovery(tmp, args.shims * sessions, args.calls)
-    await bench_rss(tmp, args.agents)
+    if "start" in args.only:
+        await bench_start(tmp, args.runs)
+    if "list" in args.only:
+        for sessions in args.sessions:
+            await bench_list_agents(tmp, args.shims, sessions, args.calls)
+            await bench_claude_discovery(tmp, args.shims * sessions, args.calls)
+    if "rss" in args.only:
+        await bench_rss(tmp, args.agents)
 
 
 def _counts(text: str) -> list[int]:
@@ -437,7 +442,11 @@ def main() -> int:
                          "200 and 1,000 agents)")
     ap.add_argument("--calls", type=int, default=50, help="timed list_agents calls")
     ap.add_argument("--agents", type=int, default=8, help="agents in the memory figure")
+    ap.add_argument("--only", type=lambda t: set(t.split(",")), default=set(FIGURE_GROUPS),
+                    help="figure groups to run, of " + ",".join(FIGURE_GROUPS) + " (default all)")
     args = ap.parse_args()
+    if not args.only <= set(FIGURE_GROUPS):
+        ap.error(f"--only takes {','.join(FIGURE_GROUPS)}")
     if min(args.runs, args.shims, *args.sessions, args.calls, args.agents) < 1:
         ap.error("every count must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="ct-bs-", dir="/tmp"))
