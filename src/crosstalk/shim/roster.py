@@ -262,6 +262,8 @@ class Shim:
         return self._notices.pop((identity.harness, identity.session_ref), None)
 
     def nudge_counter(self, identity: Identity) -> NudgeCounter:
+        from crosstalk.core.nudge import NudgeCounter  # with the first send (ADR 0034)
+
         return self.nudges.setdefault((identity.harness, identity.session_ref), NudgeCounter())
 
     async def close(self) -> None:
