@@ -36,7 +36,8 @@ HEAVY = ("crosstalk.agent", "crosstalk.a2a", "crosstalk.receiver", "crosstalk.st
          # harness packages re-export lazily), a CLI's rendering
          "crosstalk.core.records", "crosstalk.core.mailbox", "crosstalk.core.nudge",
          "crosstalk.harness.claude.injector", "crosstalk.harness.claude.gate",
-         "crosstalk.harness.claude.receipts", "rich", "pygments")
+         "crosstalk.harness.claude.receipts", "rich", "pygments",
+         "argparse")  # a bare `crosstalk mcp` builds no parser
 
 #: Kept out of an agent until it sends (ADR 0034): the client side, and httpx's CLI for good.
 CLIENT_SIDE = ("crosstalk.agent.outbound", "crosstalk.a2a.client", "crosstalk.a2a.transport",
