@@ -9,6 +9,9 @@ every figure's baseline is measured in the same run:
   start (spawn ``python -c "import sys"`` and reap it) and a bare official-SDK stdio server with
   one tool (``bench/_bare_mcp_server.py``), so the figure shows what CrossTalk adds over the SDK.
   Runs are interleaved round-robin after one untimed warm-up round.
+* ``mcp_cpu_to_tools_list``: the shim's CPU time (user + system) at that answer, beside the
+  bare SDK server's (``baseline_sdk_server_cpu_to_tools_list``): the same start-up cost, far
+  less moved by other load on a shared machine than the wall-clock figure.
 * ``list_agents_200`` (and ``_1000``): ``list_agents`` answered by a fresh shim while 200
   (1,000) agents are registered
   (fake sessions spread over several shims, one ``receive_message`` each). Baselines: the raw
@@ -23,7 +26,8 @@ every figure's baseline is measured in the same run:
 Percentiles are nearest-rank (with few runs p99 is the maximum). Everything lives in a temp dir
 under /tmp; agents listen on 127.0.0.1 and unix sockets only. Progress goes to stderr.
 Both listings run with 200 and with 1,000 agents (``--sessions 50,250``).
-Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50,250] [--calls 50]``.
+Usage: ``python bench/shim.py [--runs 20] [--shims 4] [--sessions 50,250] [--calls 50]
+[--only start,list,rss]``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from _procs import child_pids, cpu_seconds, proc_status, reap_children
 from crosstalk import proc
 from crosstalk.harness.claude.registry import discover as claude_discover
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
@@ -57,7 +62,7 @@ BARE_SERVER = Path(__file__).resolve().with_name("_bare_mcp_server.py")
 SHIM_ARGV = ["-m", "crosstalk", "mcp"]
 SHIM_TOOLS = 7
 SETTLE_SECONDS = 0.3  # let a process finish what a call started before reading its RSS
-REAP_GRACE_SECONDS = 3.0
+FIGURE_GROUPS = ("start", "list", "rss")
 
 
 def emit(**fields: object) -> None:
@@ -78,68 +83,6 @@ def ms(values: list[float]) -> dict[str, object]:
     return {"n": len(values), "p50_ms": round(pct(values, 50) * 1e3, 2),
             "p99_ms": round(pct(values, 99) * 1e3, 2), "min_ms": round(min(values) * 1e3, 2),
             "max_ms": round(max(values) * 1e3, 2)}
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The /proc/<pid>/stat fields after the command name (state first), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def child_pids() -> set[int]:
-    """Live (non-zombie) direct children of this process."""
-    me, found = os.getpid(), set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields and int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
-            found.add(int(entry.name))
-    return found
-
-
-def _gone(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is None or fields[0] in (b"Z", b"X")
-
-
-def reap_children() -> None:
-    """Terminate, then kill, every child of ours still running (by pid, nothing broader)."""
-    pids = child_pids()
-    if not pids:
-        return
-    progress(f"stopping leftover processes {sorted(pids)}")
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + REAP_GRACE_SECONDS
-        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = {p for p in pids if not _gone(p)}
-        if not pids:
-            break
-    for pid in child_pids() | pids:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM in kB and the thread count, from /proc/<pid>/status."""
-    out: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "Threads"):
-                out[key] = int(value.split()[0])
-    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
-    return out
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -200,12 +143,20 @@ async def spawn_to_exit(env: dict[str, str], cwd: Path) -> float:
 
 
 async def spawn_to_tools_list(argv: list[str], env: dict[str, str], cwd: Path,
-                              expect: int) -> float:
+                              expect: int, cpu: list[float] | None = None) -> float:
+    """Wall time from spawn to the first ``tools/list`` answer; the server's CPU time by then
+    is appended to ``cpu`` (on a shared machine it moves far less than wall time)."""
     client = Client(params(argv, env, cwd), mode="legacy")
+    before = child_pids()
     t = time.perf_counter()
     async with client as c:
         listed = await c.list_tools()
         took = time.perf_counter() - t
+        if cpu is not None:
+            new = child_pids() - before
+            if len(new) != 1:
+                raise RuntimeError(f"cannot tell the server's pid among {sorted(new)}")
+            cpu.append(cpu_seconds(new.pop()))
     if len(listed.tools) != expect:
         raise RuntimeError(f"{argv}: listed {len(listed.tools)} tools, expected {expect}")
     return took
@@ -213,10 +164,12 @@ async def spawn_to_tools_list(argv: list[str], env: dict[str, str], cwd: Path,
 
 async def bench_start(tmp: Path, runs: int) -> None:
     env = world(tmp, "start")
+    cpu: dict[str, list[float]] = {"sdk": [], "crosstalk": []}
     kinds: dict[str, Callable[[], Awaitable[float]]] = {
         "interpreter": lambda: spawn_to_exit(env, tmp),
-        "sdk": lambda: spawn_to_tools_list([str(BARE_SERVER)], env, tmp, 1),
-        "crosstalk": lambda: spawn_to_tools_list(SHIM_ARGV, env, tmp, SHIM_TOOLS),
+        "sdk": lambda: spawn_to_tools_list([str(BARE_SERVER)], env, tmp, 1, cpu["sdk"]),
+        "crosstalk": lambda: spawn_to_tools_list(SHIM_ARGV, env, tmp, SHIM_TOOLS,
+                                                 cpu["crosstalk"]),
     }
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     for i in range(runs + 1):  # round 0 warms the page cache and bytecode caches
@@ -225,6 +178,8 @@ async def bench_start(tmp: Path, runs: int) -> None:
             took = await run()
             if i:
                 samples[kind].append(took)
+            elif kind in cpu:
+                cpu[kind].clear()
     interp, sdk, ct = samples["interpreter"], samples["sdk"], samples["crosstalk"]
     emit(figure="baseline_interpreter_start", **ms(interp),
          note="spawn python -c 'import sys' and reap it")
@@ -236,6 +191,13 @@ async def bench_start(tmp: Path, runs: int) -> None:
          over_interpreter_p50_ms=round((pct(ct, 50) - pct(interp, 50)) * 1e3, 1),
          vs_sdk=round(pct(ct, 50) / pct(sdk, 50), 2),
          note="spawn python -m crosstalk mcp, initialize, first tools/list answered")
+    emit(figure="baseline_sdk_server_cpu_to_tools_list", **ms(cpu["sdk"]),
+         note="the bare SDK server's user+system CPU time at its first tools/list answer")
+    emit(figure="mcp_cpu_to_tools_list", **ms(cpu["crosstalk"]),
+         baseline="baseline_sdk_server_cpu_to_tools_list",
+         over_sdk_p50_ms=round((pct(cpu["crosstalk"], 50) - pct(cpu["sdk"], 50)) * 1e3, 1),
+         note="the shim's user+system CPU time at its first tools/list answer (10 ms ticks); "
+              "a shared machine moves it far less than the wall-clock figure")
 
 
 # -- 2. list_agents with 200 (1,000) agents----------------------------------------------------
@@ -417,11 +379,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    await bench_start(tmp, args.runs)
-    for sessions in args.sessions:
-        await bench_list_agents(tmp, args.shims, sessions, args.calls)
-        await bench_claude_discovery(tmp, args.shims * sessions, args.calls)
-    await bench_rss(tmp, args.agents)
+    if "start" in args.only:
+        await bench_start(tmp, args.runs)
+    if "list" in args.only:
+        for sessions in args.sessions:
+            await bench_list_agents(tmp, args.shims, sessions, args.calls)
+            await bench_claude_discovery(tmp, args.shims * sessions, args.calls)
+    if "rss" in args.only:
+        await bench_rss(tmp, args.agents)
 
 
 def _counts(text: str) -> list[int]:
@@ -437,7 +402,11 @@ def main() -> int:
                          "200 and 1,000 agents)")
     ap.add_argument("--calls", type=int, default=50, help="timed list_agents calls")
     ap.add_argument("--agents", type=int, default=8, help="agents in the memory figure")
+    ap.add_argument("--only", type=lambda t: set(t.split(",")), default=set(FIGURE_GROUPS),
+                    help="figure groups to run, of " + ",".join(FIGURE_GROUPS) + " (default all)")
     args = ap.parse_args()
+    if not args.only <= set(FIGURE_GROUPS):
+        ap.error(f"--only takes {','.join(FIGURE_GROUPS)}")
     if min(args.runs, args.shims, *args.sessions, args.calls, args.agents) < 1:
         ap.error("every count must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="ct-bs-", dir="/tmp"))

@@ -10,9 +10,9 @@ import runs this file, and a shim's start must not pay for the journal (ADR 0033
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from crosstalk._lazy import exports
 from crosstalk._version import __version__
 
 if TYPE_CHECKING:
@@ -32,14 +32,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'crosstalk' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = exports(__name__, _WHERE, globals())
 
 __all__ = [
     "Descriptor",

@@ -1,4 +1,5 @@
-"""What a real ``crosstalk mcp`` has imported by the time it answers its first ``tools/list``.
+"""What a real ``crosstalk mcp`` has imported by the time it answers its first ``tools/list``,
+and what its first agent has imported before it sends anything.
 
 The first ``tools/list`` needs neither the agent stack (A2A, the receiver) nor the harness
 clients (httpx, websockets): they load on first use (ADR 0033). A shim that imports them at
@@ -7,6 +8,11 @@ The shim runs under a wrapper that writes ``sys.modules`` on exit; it exits on s
 after the answer, so nothing that a later call would load is there. The second test is the
 control: one bound call in the same set-up does load the agent stack, so the probe sees
 imports that happen after start.
+
+An agent that has not sent needs only the server side: its client side (``agent.outbound``,
+the A2A client and transport, the card cache) loads with its first send, and httpx's command-
+line client (rich, pygments: ~4 MB) never loads in a shim (ADR 0034). The last test is that
+control: a send from one session to another in the same shim loads the client side and works.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from crosstalk.harness.fake import FAKE_SESSION_META
+from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META
 from tests.support.shims import world
 
 __all__ = ["world"]  # a fixture
@@ -25,13 +31,24 @@ __all__ = ["world"]  # a fixture
 #: Kept out of start-up. ``uvicorn``/``starlette`` are not here: the MCP SDK itself imports
 #: them (the bare SDK server in bench/_bare_mcp_server.py loads them too).
 HEAVY = ("crosstalk.agent", "crosstalk.a2a", "crosstalk.receiver", "crosstalk.store.journal",
-         "a2a", "grpc", "google.protobuf", "httpx", "httpcore", "websockets")
+         "a2a", "grpc", "google.protobuf", "httpx", "httpcore", "websockets",
+         # ADR 0034: the records and mailbox (tool calls), Claude's injection side (the
+         # harness packages re-export lazily), a CLI's rendering
+         "crosstalk.core.records", "crosstalk.core.mailbox", "crosstalk.core.nudge",
+         "crosstalk.harness.claude.injector", "crosstalk.harness.claude.gate",
+         "crosstalk.harness.claude.receipts", "rich", "pygments",
+         "argparse")  # a bare `crosstalk mcp` builds no parser
+
+#: Kept out of an agent until it sends (ADR 0034): the client side, and httpx's CLI for good.
+CLIENT_SIDE = ("crosstalk.agent.outbound", "crosstalk.a2a.client", "crosstalk.a2a.transport",
+               "crosstalk.a2a.peers")
+NEVER = ("httpx._main", "rich", "pygments")
 
 PROBE = """
 import atexit, json, sys
 def dump() -> None:
     with open(sys.argv[1], "w") as f:
-        json.dump(sorted(sys.modules), f)
+        json.dump(sorted(k for k, v in sys.modules.items() if v is not None), f)
 atexit.register(dump)
 from crosstalk.cli import main
 sys.exit(main(["mcp"]))
@@ -42,8 +59,10 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj) + "\n").encode()
 
 
-def _modules_after(env: dict[str, str], tmp_path: Path, calls: list[dict[str, Any]]) -> set[str]:
-    """Start the shim, initialize, list tools, make ``calls``, close stdin; its sys.modules."""
+def _modules_after(env: dict[str, str], tmp_path: Path, calls: list[dict[str, Any]],
+                   results: list[dict[str, Any]] | None = None) -> set[str]:
+    """Start the shim, initialize, list tools, make ``calls`` (their results appended to
+    ``results``), close stdin; its sys.modules."""
     out = tmp_path / "modules.json"
     proc = subprocess.Popen([sys.executable, "-c", PROBE, str(out)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -66,6 +85,8 @@ def _modules_after(env: dict[str, str], tmp_path: Path, calls: list[dict[str, An
             answer = json.loads(proc.stdout.readline())
             assert answer.get("id") == n, answer
             assert "result" in answer, answer
+            if results is not None:
+                results.append(answer["result"]["structuredContent"])
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
     finally:
@@ -92,3 +113,31 @@ def test_a_bound_call_loads_the_agent_stack(world: dict[str, str], tmp_path: Pat
     modules = _modules_after(world, tmp_path, [call])
     assert _loaded(modules, "crosstalk.agent")
     assert _loaded(modules, "crosstalk.receiver")
+
+
+def _bound(tool: str, session: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": tool, "arguments": arguments,
+            "_meta": {FAKE_SESSION_META: session, FAKE_NAME_META: name}}
+
+
+def test_an_agent_that_has_not_sent_loads_no_client_side(world: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    modules = _modules_after(world, tmp_path, [_bound("receive_message", "s1", "alice"),
+                                               _bound("receive_message", "s2", "bob")])
+    assert _loaded(modules, "crosstalk.agent")  # two agents are serving
+    assert _loaded(modules, "httpx")  # the SDK's server side imports it
+    assert [m for m in CLIENT_SIDE + NEVER if _loaded(modules, m)] == []
+
+
+def test_a_send_loads_the_client_side_and_is_delivered(world: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    answers: list[dict[str, Any]] = []
+    modules = _modules_after(world, tmp_path, [
+        _bound("receive_message", "s2", "bob"),
+        _bound("send_message", "s1", "alice", to="bob", text="hello"),
+        _bound("receive_message", "s2", "bob")], answers)
+    sent, inbox = answers[1], answers[2]
+    assert "error" not in sent, sent
+    assert [e["text"] for e in inbox["entries"]] == ["hello"], inbox
+    assert [m for m in CLIENT_SIDE if not _loaded(modules, m)] == []
+    assert [m for m in NEVER if _loaded(modules, m)] == []

@@ -10,12 +10,29 @@
 - :mod:`crosstalk.a2a.transport` — the pooled HTTP transport it sends on, and the one repeat
   on a fresh connection for a request that got no response.
 - :mod:`crosstalk.a2a.wire` — the ``crosstalk.*`` metadata both sides speak.
+
+The names below resolve on first access (ADR 0034): an agent serves with the server side
+only, and the client side (httpx, the SDK's client and transports) loads with its first send.
 """
 
-from crosstalk.a2a.client import SendResult, cancel_task, get_task, send
-from crosstalk.a2a.errors import rejected_error
-from crosstalk.a2a.server import A2AServer
-from crosstalk.a2a.taskstore import JournalTaskStore, StoredTask
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from crosstalk._lazy import by_module, exports
+
+if TYPE_CHECKING:
+    from crosstalk.a2a.client import SendResult, cancel_task, get_task, send
+    from crosstalk.a2a.errors import rejected_error
+    from crosstalk.a2a.server import A2AServer
+    from crosstalk.a2a.taskstore import JournalTaskStore, StoredTask
+
+__getattr__ = exports(__name__, by_module({
+    "crosstalk.a2a.client": ("SendResult", "cancel_task", "get_task", "send"),
+    "crosstalk.a2a.errors": ("rejected_error",),
+    "crosstalk.a2a.server": ("A2AServer",),
+    "crosstalk.a2a.taskstore": ("JournalTaskStore", "StoredTask"),
+}), globals())
 
 __all__ = [
     "A2AServer",

@@ -19,14 +19,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from crosstalk import proc
-from crosstalk.a2a import client as a2a_client
 from crosstalk.a2a.server import A2AServer
-from crosstalk.agent import claims, outbound, replies
+from crosstalk.agent import claims, replies
 from crosstalk.agent.checkpoints import CheckpointPolicy, Checkpoints, Started, start_pass
 from crosstalk.agent.claims import claim_state
 from crosstalk.agent.followups import FollowingHarness
@@ -66,6 +63,11 @@ from crosstalk.store.registry import (
     RegistryError,
     own_process_identity,
 )
+
+if TYPE_CHECKING:  # the client side (httpx, a2a-sdk client) loads with the first send
+    import httpx
+
+    from crosstalk.a2a import client as a2a_client
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +378,8 @@ class Agent:
     async def control_peer(self, to: str, op: str) -> tuple[Descriptor | None,
                                                               a2a_client.ControlOutcome]:
         """Claim or release the agent named ``to`` (name or agent_id), as this agent."""
+        from crosstalk.agent import outbound  # with the first send (ADR 0034)
+
         return await outbound.control_peer(self, to, op)
 
     async def send(self, to: str | Descriptor, text: str, *, kind: str = "inform",
@@ -385,6 +389,8 @@ class Agent:
                    until_delivered: bool = False) -> a2a_client.SendResult:
         """Send to a registered agent over A2A, as this agent: by name or agent_id, or by the
         descriptor a caller already resolved (no second registry scan)."""
+        from crosstalk.agent import outbound  # with the first send (ADR 0034)
+
         return await outbound.send(
             self, to, text, kind=kind, delivery=delivery, deadline_seconds=deadline_seconds,
             message_id=message_id, in_reply_to=in_reply_to,
@@ -393,6 +399,8 @@ class Agent:
     async def send_native(self, discovery: Discovery, session: Session, text: str, *,
                           delivery: str = "immediate") -> a2a_client.SendResult:
         """An inform into a session without CrossTalk, put in by this shim (seed §3)."""
+        from crosstalk.agent import outbound  # with the first send (ADR 0034)
+
         return await outbound.send_native(self, discovery, session, text, delivery=delivery)
 
     # -- reply (seed R4-R8) -------------------------------------------------------------------

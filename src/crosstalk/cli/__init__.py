@@ -1,20 +1,24 @@
 """The ``crosstalk`` command line: the parser, and one module per subcommand beside it.
 
 Each subcommand's module is imported only when that subcommand runs (``crosstalk mcp``
-start-up is measured). Subcommands that belong to capabilities not built yet say so and exit
-2, so a script can tell "not available" from success; ``demo`` already shows the durable
-core that is built.
+start-up is measured; a bare ``crosstalk mcp``, the harness's start, skips the parser and
+argparse altogether, ADR 0034). Subcommands that belong to capabilities not built yet say so
+and exit 2, so a script can tell "not available" from success; ``demo`` already shows the
+durable core that is built.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from crosstalk._version import __version__
 from crosstalk.config import DELIVERY_TIMEOUT
+
+if TYPE_CHECKING:
+    import argparse
 
 EXIT_USAGE = 2
 
@@ -23,6 +27,8 @@ _PLANNED: dict[str, tuple[str, str]] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse  # not for a bare ``crosstalk mcp`` (see :func:`main`)
+
     parser = argparse.ArgumentParser(
         prog="crosstalk",
         description="Message any AI coding-agent session on this machine by name.",
@@ -104,7 +110,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run_demo(keep=args.keep)
 
 
-def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _mcp(args: argparse.Namespace | None, parser: argparse.ArgumentParser | None) -> int:
     ppid = os.getppid()  # before the heavy imports: the parent may die meanwhile
     from crosstalk.shim.serve import run_mcp
 
@@ -181,6 +187,10 @@ _COMMANDS = {"demo": _demo, "mcp": _mcp, "install": _install, "uninstall": _inst
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["mcp"]:
+        # How every harness starts the shim: the full parser (a dozen subcommands) and the
+        # argparse import are tens of ms before the first tools/list on a busy machine.
+        return _mcp(None, None)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -31,13 +31,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from crosstalk.core.admission import Limits
-from crosstalk.core.nudge import NudgeCounter
 from crosstalk.directory import Directory
 from crosstalk.harness.base import Identifier, Identity, LoadedHarness
 from crosstalk.store.registry import Registry, RegistryError
 
 if TYPE_CHECKING:  # the agent stack (A2A, uvicorn) loads with the first agent, not at start
     from crosstalk.agent import Agent
+    from crosstalk.core.nudge import NudgeCounter
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,8 @@ class Shim:
                       control_sinks=self._control_sinks, reconciler=harness.reconciler)
         choice = await agent.start()
         self.agents[key] = agent
+        from crosstalk.core.nudge import NudgeCounter  # with the first agent (ADR 0034)
+
         self.nudges[key] = NudgeCounter()
         if choice.is_fallback:
             holder = choice.preferred_holder
@@ -260,6 +262,8 @@ class Shim:
         return self._notices.pop((identity.harness, identity.session_ref), None)
 
     def nudge_counter(self, identity: Identity) -> NudgeCounter:
+        from crosstalk.core.nudge import NudgeCounter  # with the first send (ADR 0034)
+
         return self.nudges.setdefault((identity.harness, identity.session_ref), NudgeCounter())
 
     async def close(self) -> None:

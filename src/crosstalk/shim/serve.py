@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,8 +127,22 @@ async def _serve_until_signalled(env: dict[str, str], ppid: int | None) -> None:
         await main
 
 
+def skip_httpx_cli() -> None:
+    """Keep httpx's command-line client out of this process (ADR 0034).
+
+    ``import httpx`` imports ``httpx._main`` when rich, pygments and click are installed
+    (textual, for ``crosstalk watch``, brings rich and pygments): some 70 modules and ~4 MB in
+    every shim with an agent, for a CLI the shim never runs. A ``None`` entry in
+    ``sys.modules`` makes that import raise ``ImportError``, which httpx catches (its
+    ``httpx.main`` then says the CLI is unavailable; the ``httpx`` command is another process
+    and unaffected). Once httpx is loaded there is nothing left to keep out."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 def run_mcp(ppid: int | None = None) -> int:
     """``ppid`` is the parent as seen at process start (the parent may die during imports)."""
+    skip_httpx_cli()
     env = dict(os.environ)
     logging.basicConfig(level=os.environ.get("CROSSTALK_LOG", "WARNING").upper(),
                         format="crosstalk mcp: %(levelname)s %(name)s: %(message)s")

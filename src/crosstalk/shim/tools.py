@@ -19,8 +19,6 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from crosstalk import __version__
-from crosstalk.core.mailbox import CursorError, page
-from crosstalk.core.nudge import combine_hint
 from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
@@ -249,6 +247,8 @@ class Tools:
         nudge = self.shim.nudge_counter(identity).record(
             target.peer_key, state, kind=kind, no_such_agent=res.reason == "no_such_agent")
         if nudge is not None:
+            from crosstalk.core.nudge import combine_hint  # loaded with the agent's counter
+
             payload["hint"] = combine_hint(payload.get("hint"), nudge)
             agent.journal_event(nudge.record())
         return payload
@@ -310,6 +310,8 @@ class Tools:
         state = _opt_str(args, "state")
         after = _opt_str(args, "after")
         limit = _int_arg(args, "limit", 20, 1, 100)
+        from crosstalk.core.mailbox import CursorError, page  # ADR 0034: not at start
+
         try:
             got = page(agent.mailbox(), state=state, after=after, limit=limit)
         except CursorError as exc:

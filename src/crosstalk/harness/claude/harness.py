@@ -31,8 +31,7 @@ from crosstalk.harness.base import (
     Receipt,
     Session,
 )
-from crosstalk.harness.claude import gate, mode, receipts
-from crosstalk.harness.claude.injector import deliver_to_session
+from crosstalk.harness.claude import mode
 from crosstalk.harness.claude.registry import (
     ClaudeSession,
     SessionBinding,
@@ -79,6 +78,9 @@ class ClaudeHarness:
         reply = delivery.reply_address
         if reply is None:
             return Outcome(MessageState.UNREACHABLE, "no_reply_address")
+        from crosstalk.harness.claude import gate  # with the first injection (ADR 0034)
+        from crosstalk.harness.claude.injector import deliver_to_session
+
         sender = delivery.message.sender
         if sender.ingress is Ingress.LOCAL:
             return await deliver_to_session(session, delivery, from_address=reply,
@@ -159,6 +161,8 @@ class ClaudeIdentifier:
         env = dict(self.env)
         reply = await asyncio.to_thread(uds_path_for, state_dir(env),
                                         agent_id_for(HARNESS, identity.session_ref), env)
+        from crosstalk.harness.claude import gate  # with the first agent (ADR 0034)
+
         try:
             await gate.link_for(gate.Target(session.pid, session.recorded_start, str(reply)))
         except gate.HelperError as exc:  # the first injection tries again
@@ -198,6 +202,8 @@ class ClaudeIdentifier:
             return Outcome(MessageState.UNREACHABLE, "claude_session_gone")
         # Claude applies its own inbound rule here (we are not its descendant): say the
         # sending session's real mode, or a bypass receiver holds a bypass sender too.
+        from crosstalk.harness.claude.injector import deliver_to_session  # ADR 0034
+
         sender_mode = await asyncio.to_thread(self.sender_mode, delivery.message.sender)
         return await deliver_to_session(record, delivery, from_address=delivery.reply_address,
                                         session_id=record.session_id,
@@ -227,6 +233,8 @@ def on_control(frame: Mapping[str, Any], peer_pid: int | None,
                peer_start: str | None) -> list[Receipt]:
     """A control frame that reached an agent's uds ingress (directly, or relayed from the
     gate helper with its real sender's credentials): receipts nobody waits for."""
+    from crosstalk.harness.claude import gate, receipts  # with the first frame (ADR 0034)
+
     real = gate.unwrap(frame, peer_pid, peer_start)
     if real is None:
         return []
