@@ -42,10 +42,10 @@ from typing import Any
 from _stats import percentile  # bench/_stats.py: shared by the benches
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.cli.send import frames, read_key
+from crosstalk.config import uds_key_path
 from crosstalk.core.ids import new_message_id
 from crosstalk.harness.base import Binding, Delivery, Outcome
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.ingress.uds import uds_key_path
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
 from throughput import raw_write_fsync_per_sec  # the same baseline as the throughput bench

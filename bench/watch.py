@@ -150,7 +150,8 @@ def run_watch(home: Path, expect: int) -> dict[str, Any]:
     assert p.stdout is not None
     for _ in range(expect):
         if not p.stdout.readline():
-            raise SystemExit(f"watch ended early: {p.stderr.read() if p.stderr else ''}")
+            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+            raise SystemExit(f"watch ended early: {err}")
     took = time.perf_counter() - t
     time.sleep(1.5)  # a few follow polls, and a session re-read, inside the peak
     rss = hwm_mb(p.pid)
