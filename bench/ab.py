@@ -47,8 +47,9 @@ def medians(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         numeric = [k for k, v in lines[0].items()
                    if isinstance(v, int | float) and not isinstance(v, bool)
                    and all(k in line for line in lines)]
-        out.append({"figure": figure, "runs": len(lines),
-                    **{k: median_of(lines, k) for k in numeric}})
+        out.append({"figure": figure, "runs": len(lines),  # a setting (same in every run) as is
+                    **{k: lines[0][k] if len({line[k] for line in lines}) == 1
+                       else median_of(lines, k) for k in numeric}})
     return out
 
 

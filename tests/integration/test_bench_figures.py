@@ -44,3 +44,19 @@ def test_all_to_all_reads_its_losses_back_from_the_journals() -> None:
     assert fig["acknowledged"] > 0
     assert fig["lost"] == fig["journal_lost"] == fig["duplicated"] == fig["spurious"] == 0, fig
     assert fig["by_path"].keys() == {"a2a", "uds"}
+
+
+def test_ab_runs_both_sides_and_reports_each_figure_per_side() -> None:
+    src = str(BENCH.parent / "src")
+    done = subprocess.run([sys.executable, str(BENCH / "ab.py"), "--a", src, "--b", src,
+                           "--runs", "2", "--", "throughput.py", "--path", "uds",
+                           "--messages", "10"], capture_output=True, text=True, timeout=240,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {(x["side"], x["figure"]) for x in lines} == {
+        (side, fig) for side in "ab"
+        for fig in ("raw_write_fsync_per_sec", "uds_sustained_into_one_agent")}
+    assert all(x["runs"] == 2 for x in lines)
+    assert all(x["accepted"] == 10 for x in lines if x["figure"].startswith("uds"))
+    assert done.stderr.count('"figure": "uds_sustained_into_one_agent"') == 4  # every run's
