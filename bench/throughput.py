@@ -8,8 +8,10 @@ process; only acks that say "accepted" (journalled and fsynced, R1) are counted.
 ``--path a2a`` does the same over A2A: the child process registers one sending agent of its own
 and its 16 concurrent sends go through the project's own client path (``Agent.send`` with the
 receiver's descriptor resolved once, so no registry scan per send; the agent's pooled,
-kept-alive ``httpx`` client and kept peer card), answered only once the receiver has journalled
-the message. ``--path both`` (the default) prints both figures, beside one baseline.
+kept-alive ``httpx`` client and kept peer card). Each send waits for the answer a shim's
+``send_message`` waits for: state ``accepted``, i.e. journalled, fsynced and taken by the
+session, as the uds ack is; anything else is counted apart (``not_accepted``, by state and
+reason). ``--path both`` (the default) prints both figures, beside one baseline.
 
 The baseline `raw_write_fsync_per_sec` is a loop of one small `write` + `fsync` on the same
 filesystem in the same run: the ceiling one-record-per-fsync could reach. Group commit is
