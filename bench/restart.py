@@ -40,7 +40,6 @@ import random
 import re
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _stats import median_of  # bench/_stats.py: shared by the benches
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.agent.checkpoints import advanced
 from crosstalk.cli.send import frames
@@ -348,41 +348,37 @@ def main() -> None:
             stale.append(run_child(["--child", "start", "--home", str(stale_home),
                                     "--runtime", str(tmp / f"rt-s-{run}")]))
         emit(figure="baseline_raw_read_split", runs=args.runs,
-             seconds_median=_median(raws, "start_seconds"),
-             spawn_to_ready_median=_median(raws, "spawn_to_ready_seconds"),
+             seconds_median=median_of(raws, "start_seconds"),
+             spawn_to_ready_median=median_of(raws, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(r["peak_rss_mb"] for r in raws), 1))
         emit(figure="agent_start_no_checkpoint", runs=args.runs, messages=args.messages, **size,
              entries=starts[-1].get("entries"), tasks=starts[-1].get("tasks"),
-             start_seconds_median=_median(starts, "start_seconds"),
+             start_seconds_median=median_of(starts, "start_seconds"),
              start_seconds_max=round(max(s["start_seconds"] for s in starts), 3),
-             spawn_to_ready_median=_median(starts, "spawn_to_ready_seconds"),
+             spawn_to_ready_median=median_of(starts, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in starts), 1),
              baseline="baseline_raw_read_split", **_more(starts))
         emit(figure="agent_restart", runs=args.runs, messages=args.messages,
              baseline="baseline_raw_read_split",
-             start_seconds_median=_median(fresh, "start_seconds"),
+             start_seconds_median=median_of(fresh, "start_seconds"),
              start_seconds_max=round(max(s["start_seconds"] for s in fresh), 3),
-             spawn_to_ready_median=_median(fresh, "spawn_to_ready_seconds"),
+             spawn_to_ready_median=median_of(fresh, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in fresh), 1), **_more(fresh))
         emit(figure="agent_restart_after_sigkill", runs=args.runs, behind_lines=behind,
-             start_seconds_median=_median(stale, "start_seconds"),
+             start_seconds_median=median_of(stale, "start_seconds"),
              start_seconds_max=round(max(s["start_seconds"] for s in stale), 3),
-             spawn_to_ready_median=_median(stale, "spawn_to_ready_seconds"),
+             spawn_to_ready_median=median_of(stale, "spawn_to_ready_seconds"),
              peak_rss_mb_max=round(max(s["peak_rss_mb"] for s in stale), 1), **_more(stale))
 
 
 def _more(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """What every start figure adds: the first receive_message, the stop, what was read."""
-    return {"start_cpu_seconds_median": _median(reports, "start_cpu_seconds"),
+    return {"start_cpu_seconds_median": median_of(reports, "start_cpu_seconds"),
             "start_peak_rss_mb_max": round(max(r["start_peak_rss_mb"] for r in reports), 1),
-            "first_receive_seconds_median": _median(reports, "first_receive_seconds"),
-            "stop_seconds_median": _median(reports, "stop_seconds"),
+            "first_receive_seconds_median": median_of(reports, "first_receive_seconds"),
+            "stop_seconds_median": median_of(reports, "stop_seconds"),
             "start_read_records": reports[-1]["start_read_records"],
             "mailbox_entries": reports[-1]["mailbox"]}
-
-
-def _median(reports: list[dict[str, Any]], key: str) -> float:
-    return round(float(statistics.median(r[key] for r in reports)), 3)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,14 @@ Counted at the end, from every sender's results and every receiver's injections:
 - **spurious**: a send answered with anything else, by reason;
 - latency of the acknowledgement and of send → inject (CLOCK_MONOTONIC is machine-wide).
 
-Baseline in the same run: the same all-to-all with no attacker. Prints one JSON line per
-figure. Usage: ``python bench/soak.py [--seconds 60] [--slow 400] [--silent 64]``.
+- **journal_lost**: acknowledged, yet no receiver's journal holds its ``submitted`` record
+  (read back from the journals after the run, not from what the senders were told).
+
+Baseline in the same run: the same all-to-all with no attacker, and the disk's own
+``raw_write_fsync_per_sec`` (one small write + fsync in a loop, bench/throughput.py's). Prints
+one JSON line per figure. Usage: ``python bench/soak.py [--seconds 60] [--slow 400]
+[--silent 64]``; ``--no-attack`` runs only the plain all-to-all (issue 16's "4 processes x 4
+agents" figure, ``soak_all_to_all``); ``--profile DIR`` leaves one cProfile dump per worker.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import asyncio
 import itertools
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,13 +39,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from _stats import percentile  # bench/_stats.py: shared by the benches
 from crosstalk.agent import Agent, AgentSpec
 from crosstalk.cli.send import frames, read_key
+from crosstalk.config import uds_key_path
 from crosstalk.core.ids import new_message_id
 from crosstalk.harness.base import Binding, Delivery, Outcome
 from crosstalk.harness.fake import FakeHarness
-from crosstalk.ingress.uds import uds_key_path
+from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
+from throughput import raw_write_fsync_per_sec  # the same baseline as the throughput bench
 
 OK = {"accepted", "queued", "delivered"}
 SETTLE_SECONDS = 10.0
@@ -140,7 +148,16 @@ async def _worker(args: argparse.Namespace) -> None:
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    asyncio.run(_worker(args))
+    if not args.profile:
+        asyncio.run(_worker(args))
+        return
+    import cProfile  # only when asked: the profile is for bench/README.md's notes
+
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(asyncio.run, _worker(args))
+    finally:
+        prof.dump_stats(str(Path(args.profile) / f"worker-{args.worker}.prof"))
 
 
 # -- the attacker ----------------------------------------------------------------------------
@@ -209,7 +226,7 @@ def attacker_main(args: argparse.Namespace) -> None:
 
 
 def run(label: str, *, procs: int, seconds: float, slow: int, silent: int, in_flight: int,
-        uds_every: int) -> None:
+        uds_every: int, profile: str | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ct-soak-", dir="/tmp") as d:
         root = Path(d)
         state, rt, out = root / "state", root / "rt", root / "out"
@@ -218,6 +235,10 @@ def run(label: str, *, procs: int, seconds: float, slow: int, silent: int, in_fl
         common = ["--state", str(state), "--rt", str(rt), "--out", str(out),
                   "--agents", str(procs * 4), "--seconds", str(seconds),
                   "--in-flight", str(in_flight), "--uds-every", str(uds_every)]
+        if profile:
+            Path(profile).mkdir(parents=True, exist_ok=True)
+            common += ["--profile", str(Path(profile) / label)]
+            (Path(profile) / label).mkdir(exist_ok=True)
         workers = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), *common])
                    for i in range(procs)]
         try:
@@ -240,10 +261,19 @@ def run(label: str, *, procs: int, seconds: float, slow: int, silent: int, in_fl
             for w in workers:
                 if w.poll() is None:
                     w.kill()
-        report(label, out, procs, seconds)
+        report(label, out, procs, seconds, journalled(state / "journal"))
 
 
-def report(label: str, out: Path, procs: int, seconds: float) -> None:
+def journalled(journals: Path) -> set[str]:
+    """Every message id some receiver's journal recorded as submitted (durable, R1)."""
+    ids: set[str] = set()
+    for path in journals.glob("*.jsonl"):
+        ids.update(r["id"] for r in read_journal(path).records
+                   if r.get("subject") == "message" and r.get("state") == "submitted")
+    return ids
+
+
+def report(label: str, out: Path, procs: int, seconds: float, in_journals: set[str]) -> None:
     sent: list[dict[str, Any]] = []
     arrived: dict[str, float] = {}
     copies: Counter[str] = Counter()
@@ -257,6 +287,7 @@ def report(label: str, out: Path, procs: int, seconds: float) -> None:
     spurious = Counter(f"{s['path']}:{s['state']}:{s['reason']}" for s in sent
                        if s["state"] not in OK)
     lost = [s["id"] for s in acked if s["id"] not in arrived]
+    journal_lost = [s["id"] for s in acked if s["id"] not in in_journals]
     dup = [m for m, c in copies.items() if c > 1]
     ack = [s["t1"] - s["t0"] for s in acked]
     inject = [arrived[s["id"]] - s["t0"] for s in acked if s["id"] in arrived]
@@ -264,10 +295,11 @@ def report(label: str, out: Path, procs: int, seconds: float) -> None:
         else {}
 
     def q(xs: list[float], k: int) -> float:
-        return round(statistics.quantiles(xs, n=100)[k - 1] * 1e3, 2) if len(xs) > 1 else 0.0
+        return round(percentile(xs, k) * 1e3, 2)
 
     emit(figure=f"soak_{label}", agents=procs * 4, seconds=seconds, sent=len(sent),
          acknowledged=len(acked), per_sec=round(len(acked) / seconds, 1), lost=len(lost),
+         journal_lost=len(journal_lost),
          duplicated=len(dup), spurious=sum(spurious.values()),
          spurious_by_reason=dict(spurious.most_common(8)),
          ack_p50_ms=q(ack, 50), ack_p99_ms=q(ack, 99),
@@ -285,6 +317,10 @@ def main() -> None:
     ap.add_argument("--uds-every", type=int, default=4, help="one send in N goes over uds")
     ap.add_argument("--baseline-seconds", type=float, default=None,
                     help="the run without an attacker (default: --seconds; 0 skips it)")
+    ap.add_argument("--no-attack", action="store_true",
+                    help="only the plain all-to-all run (figure soak_all_to_all)")
+    ap.add_argument("--profile", default=None,
+                    help="directory for one cProfile dump per worker and run")
     ap.add_argument("--worker", type=int, default=None)
     ap.add_argument("--attacker", action="store_true")
     ap.add_argument("--state")
@@ -298,7 +334,15 @@ def main() -> None:
     if args.attacker:
         attacker_main(args)
         return
-    kw = {"procs": args.procs, "in_flight": args.in_flight, "uds_every": args.uds_every}
+    kw = {"procs": args.procs, "in_flight": args.in_flight, "uds_every": args.uds_every,
+          "profile": args.profile}
+    with tempfile.TemporaryDirectory(prefix="ct-soak-raw-", dir="/tmp") as d:
+        raw = raw_write_fsync_per_sec(Path(d))
+    emit(figure="raw_write_fsync_per_sec", per_sec=round(raw, 1),
+         note="one small write + fsync in a loop, same filesystem, same run")
+    if args.no_attack:
+        run("all_to_all", seconds=args.seconds, slow=0, silent=0, **kw)
+        return
     base = args.seconds if args.baseline_seconds is None else args.baseline_seconds
     if base:
         run("no_attacker", seconds=base, slow=0, silent=0, **kw)

@@ -5,6 +5,14 @@ agent's own event loop, so sender CPU competes with the receiver and the figure 
 what real senders (other processes) see. Here the 16 concurrent senders run in a child
 process; only acks that say "accepted" (journalled and fsynced, R1) are counted.
 
+``--path a2a`` does the same over A2A: the child process registers one sending agent of its own
+and its 16 concurrent sends go through the project's own client path (``Agent.send`` with the
+receiver's descriptor resolved once, so no registry scan per send; the agent's pooled,
+kept-alive ``httpx`` client and kept peer card). Each send waits for the answer a shim's
+``send_message`` waits for: state ``accepted``, i.e. journalled, fsynced and taken by the
+session, as the uds ack is; anything else is counted apart (``not_accepted``, by state and
+reason). ``--path both`` (the default) prints both figures, beside one baseline.
+
 The baseline `raw_write_fsync_per_sec` is a loop of one small `write` + `fsync` on the same
 filesystem in the same run: the ceiling one-record-per-fsync could reach. Group commit is
 what lets the figure go past it.
@@ -55,6 +63,44 @@ asyncio.run(main())
 """
 
 
+_A2A_SENDERS = r"""
+import asyncio, json, sys, time
+from pathlib import Path
+from crosstalk.agent import Agent, AgentSpec
+from crosstalk.harness.fake import FakeHarness
+from crosstalk.store.registry import Registry
+
+state, rt, to = sys.argv[1:4]
+total, conc = int(sys.argv[4]), int(sys.argv[5])
+
+async def main():
+    agent = Agent(Registry(Path(state)),
+                  AgentSpec(FakeHarness(name="fake"), "bench-tp-sender", "/b", "sender"),
+                  env={"XDG_RUNTIME_DIR": rt})
+    await agent.start()
+    try:
+        (target,) = agent.registry.find(to)
+        await agent.send(target, "warm-up")  # card fetch and first connection, not timed
+        sem = asyncio.Semaphore(conc)
+        reasons = {}
+        async def one(i):
+            async with sem:
+                res = await agent.send(target, f"tp-{i}")
+            if res.state != "accepted":
+                key = f"{res.state}:{res.reason}"
+                reasons[key] = reasons.get(key, 0) + 1
+            return res.state == "accepted"
+        t = time.perf_counter()
+        ok = await asyncio.gather(*(one(i) for i in range(total)))
+        seconds = time.perf_counter() - t
+    finally:
+        await agent.stop()
+    print(json.dumps({"accepted": sum(ok), "seconds": seconds, "not_accepted": reasons}))
+
+asyncio.run(main())
+"""
+
+
 def emit(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -75,39 +121,49 @@ def raw_write_fsync_per_sec(tmp: Path, seconds: float = 1.0) -> float:
     return n / (time.perf_counter() - t)
 
 
-async def uds_sustained(tmp: Path, total: int, conc: int) -> dict[str, object]:
-    env = {"XDG_RUNTIME_DIR": str(tmp / "rt")}
-    agent = Agent(Registry(tmp / "state"),
-                  AgentSpec(FakeHarness(name="fake"), "bench-tp", "/b", "receiver"), env=env)
+async def sustained(tmp: Path, path: str, total: int, conc: int) -> dict[str, object]:
+    """One receiving agent here; the senders (uds frames or A2A) in a child process."""
+    rt, state = tmp / f"rt-{path}", tmp / f"state-{path}"
+    agent = Agent(Registry(state),
+                  AgentSpec(FakeHarness(name="fake"), "bench-tp", "/b", "receiver"),
+                  env={"XDG_RUNTIME_DIR": str(rt)})
     await agent.start()
     try:
-        assert agent.uds is not None
-        uds_path, token = str(agent.uds.path), agent.uds.key_path.read_text().strip()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _SENDERS, uds_path, token, str(total), str(conc),
-            stdout=subprocess.PIPE)
+        if path == "uds":
+            assert agent.uds is not None
+            uds_path, token = str(agent.uds.path), agent.uds.key_path.read_text().strip()
+            argv = ["-c", _SENDERS, uds_path, token, str(total), str(conc)]
+        else:
+            argv = ["-c", _A2A_SENDERS, str(state), str(rt), "receiver", str(total), str(conc)]
+        proc = await asyncio.create_subprocess_exec(sys.executable, *argv,
+                                                    stdout=subprocess.PIPE)
         out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"the {path} senders failed (exit {proc.returncode})")
         res = json.loads(out)
     finally:
         await agent.stop()
+    extra = {"not_accepted": res["not_accepted"]} if res.get("not_accepted") else {}
     return {"accepted": res["accepted"], "seconds": round(res["seconds"], 3),
-            "per_sec": round(res["accepted"] / res["seconds"], 1)}
+            "per_sec": round(res["accepted"] / res["seconds"], 1), **extra}
 
 
-def main(total: int, conc: int) -> None:
+def main(total: int, conc: int, paths: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="ct-bench-tp-", dir="/tmp") as d:
         tmp = Path(d)
         raw = raw_write_fsync_per_sec(tmp)
         emit(figure="raw_write_fsync_per_sec", per_sec=round(raw, 1))
-        res = asyncio.run(uds_sustained(tmp, total, conc))
-        emit(figure="uds_sustained_into_one_agent", messages=total, concurrency=conc,
-             senders="separate process", **res, baseline="raw_write_fsync_per_sec",
-             baseline_per_sec=round(raw, 1))
+        for path in paths:
+            res = asyncio.run(sustained(tmp, path, total, conc))
+            emit(figure=f"{path}_sustained_into_one_agent", messages=total, concurrency=conc,
+                 senders="separate process", **res, baseline="raw_write_fsync_per_sec",
+                 baseline_per_sec=round(raw, 1))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--path", choices=["uds", "a2a", "both"], default="both")
     args = ap.parse_args()
-    main(args.messages, args.concurrency)
+    main(args.messages, args.concurrency, ["uds", "a2a"] if args.path == "both" else [args.path])

@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _stats import median_of  # bench/_stats.py: shared by the benches
 from crosstalk import proc as ct_proc
 from crosstalk.config import journal_path
 from crosstalk.core.ids import agent_id_for, new_instance_id
@@ -150,7 +150,8 @@ def run_watch(home: Path, expect: int) -> dict[str, Any]:
     assert p.stdout is not None
     for _ in range(expect):
         if not p.stdout.readline():
-            raise SystemExit(f"watch ended early: {p.stderr.read() if p.stderr else ''}")
+            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+            raise SystemExit(f"watch ended early: {err}")
     took = time.perf_counter() - t
     time.sleep(1.5)  # a few follow polls, and a session re-read, inside the peak
     rss = hwm_mb(p.pid)
@@ -161,8 +162,6 @@ def run_watch(home: Path, expect: int) -> dict[str, Any]:
     return {"spawn_to_start_state_seconds": took, "peak_rss_mb": rss}
 
 
-def median(reports: list[dict[str, Any]], key: str) -> float:
-    return round(float(statistics.median(r[key] for r in reports)), 3)
 
 
 def main() -> None:
@@ -197,21 +196,21 @@ def main() -> None:
             for r in held:
                 r.close()
         emit(figure="baseline_raw_read", runs=args.runs, **size,
-             seconds_median=median(raws, "seconds"),
+             seconds_median=median_of(raws, "seconds"),
              peak_rss_mb_max=round(max(r["peak_rss_mb"] for r in raws), 1))
         emit(figure="baseline_whole_decode", runs=args.runs,
-             seconds_median=median(decodes, "seconds"),
+             seconds_median=median_of(decodes, "seconds"),
              peak_rss_mb_max=round(max(r["peak_rss_mb"] for r in decodes), 1))
         last = feeds[-1]
         emit(figure="feed_first_poll", runs=args.runs, baseline="baseline_raw_read",
              sessions=last["sessions"], messages=last["messages"], changes=last["changes"],
-             first_poll_seconds_median=median(feeds, "first_poll_seconds"),
+             first_poll_seconds_median=median_of(feeds, "first_poll_seconds"),
              first_poll_seconds_max=round(max(f["first_poll_seconds"] for f in feeds), 3),
-             import_seconds_median=median(feeds, "import_seconds"),
-             next_poll_seconds_median=median(feeds, "next_poll_seconds"),
+             import_seconds_median=median_of(feeds, "import_seconds"),
+             next_poll_seconds_median=median_of(feeds, "next_poll_seconds"),
              peak_rss_mb_max=round(max(f["peak_rss_mb"] for f in feeds), 1))
         emit(figure="watch_json_start", runs=args.runs, baseline="baseline_raw_read",
-             spawn_to_start_state_seconds_median=median(
+             spawn_to_start_state_seconds_median=median_of(
                  watches, "spawn_to_start_state_seconds"),
              spawn_to_start_state_seconds_max=round(
                  max(w["spawn_to_start_state_seconds"] for w in watches), 3),

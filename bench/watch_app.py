@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from watch import build, emit, hwm_mb, median, run_child, run_watch  # bench/watch.py: its machine
+from _stats import median_of  # bench/_stats.py: shared by the benches
+from watch import build, emit, hwm_mb, run_child, run_watch  # bench/watch.py: its machine
 
 RUNS = itertools.count()
 
@@ -98,14 +99,14 @@ def main() -> None:
         finally:
             for r in held:
                 r.close()
-    emit(figure="ui_empty", runs=args.runs, seconds_median=median(empties, "seconds"),
-         peak_rss_mb_median=median(empties, "peak_rss_mb"))
+    emit(figure="ui_empty", runs=args.runs, seconds_median=median_of(empties, "seconds"),
+         peak_rss_mb_median=median_of(empties, "peak_rss_mb"))
     emit(figure="ui_full", runs=args.runs, agents=args.agents, records=size["lines"],
-         seconds_median=median(fulls, "seconds"),
-         peak_rss_mb_median=median(fulls, "peak_rss_mb"), screen=fulls[-1]["screen"])
+         seconds_median=median_of(fulls, "seconds"),
+         peak_rss_mb_median=median_of(fulls, "peak_rss_mb"), screen=fulls[-1]["screen"])
     emit(figure="json_full", runs=args.runs,
-         seconds_median=median(jsons, "spawn_to_start_state_seconds"),
-         peak_rss_mb_median=median(jsons, "peak_rss_mb"))
+         seconds_median=median_of(jsons, "spawn_to_start_state_seconds"),
+         peak_rss_mb_median=median_of(jsons, "peak_rss_mb"))
     print(json.dumps({"note": "ui_full - ui_empty is what the board costs the UI; "
                       "ui_full - json_full is what drawing it costs"}))
 
