@@ -389,7 +389,12 @@ async def test_opencode_http_for_the_agents_session_is_captured(
             capture = await Capture.start(state, "bob")
             sent = await alice.send("bob", "into opencode", until_delivered=True)
             assert sent.state == "accepted"
-            await eventually(lambda: capture.where("opencode_http", "in"), what="frames")
+
+            def evidence_captured() -> bool:  # the frame the evidence came in, not any frame
+                return any(f["frame"].get("type") == "message.part.updated"
+                           for f in capture.where("opencode_http", "in"))
+
+            await eventually(evidence_captured, what="the evidence frame")
             code, err = await capture.stop()
             keys = secrets_of(state)
         finally:
