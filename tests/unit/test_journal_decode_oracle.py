@@ -190,7 +190,7 @@ def test_every_damage_reason_still_named(tmp_path: Path) -> None:
     assert json.loads(good[_HEAD_LEN:-2]) == {"a": 1}
 
 
-def oracle_replay(fd: int, start: int, size: int, max_line: int, chunk_size: int,
+def oracle_replay(fd: int, start: int, size: int, max_line: int, *, chunk_size: int,
                   seq: int) -> tuple[int, int, list[Any], list[Damage]]:
     """What ``Journal._catch_up_locked`` computed before the fused loop: end, seq, records,
     damage."""
@@ -222,12 +222,14 @@ pieces = st.one_of(batches, lines, st.sampled_from([b"\n", b"garbage\n", b"{}\n"
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(pieces, max_size=14), damage, st.integers(0, 10**6),
-       st.sampled_from([64, 200, 1 << 20]), st.integers(1, 700), st.integers(0, 10**6),
-       st.integers(-1, 50))
+@given(st.lists(pieces, max_size=14), damage,
+       st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 50)),
+       st.tuples(st.sampled_from([64, 200, 1 << 20]), st.integers(1, 700)))
 def test_fused_replay_reads_what_the_old_loop_read(
         tmp_path_factory: Any, body: list[bytes], edits: list[tuple[str, int, int]],
-        cut: int, max_line: int, chunk_size: int, start_at: int, seq: int) -> None:
+        where: tuple[int, int, int], limits: tuple[int, int]) -> None:
+    cut, start_at, seq = where  # the cut point, which line to start at, the seq before
+    max_line, chunk_size = limits
     data = damaged(b"".join(body), edits)
     data = data[: cut % (len(data) + 1)]
     path = tmp_path_factory.mktemp("j") / "j.jsonl"
@@ -238,8 +240,8 @@ def test_fused_replay_reads_what_the_old_loop_read(
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        want_end, want_seq, want, want_damage = oracle_replay(fd, start, size, max_line,
-                                                              chunk_size, seq)
+        want_end, want_seq, want, want_damage = oracle_replay(
+            fd, start, size, max_line, chunk_size=chunk_size, seq=seq)
         kept: list[Any] = []
         got_damage: list[Damage] = []
         got = scan_writes(fd, start, size, max_line, seq=seq, keep=kept, damage=got_damage,

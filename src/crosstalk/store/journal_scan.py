@@ -13,6 +13,8 @@ so what is read, held back and reported is exactly what the generators read: the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from crosstalk.store.journal_format import (
@@ -23,7 +25,19 @@ from crosstalk.store.journal_format import (
     decode_line,
     read_chunks,
 )
-from crosstalk.store.journal_read import Damage, RecordSink
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A region of the journal that did not decode; it was skipped, not trusted."""
+
+    offset: int
+    length: int
+    reason: str  # "checksum" | "framing" | "json" | "oversize" | "torn_tail"
+
+
+#: Takes one replayed record (``Journal.replay(each=...)``).
+RecordSink = Callable[[dict[str, Any]], None]
 
 
 class _Writes:
