@@ -211,7 +211,8 @@ def oracle_replay(fd: int, start: int, size: int, max_line: int, *, chunk_size: 
 
 
 seqs = st.one_of(st.integers(-5, 10**6), st.integers(2**62, 2**63 - 1), st.booleans(),
-                 st.none(), st.floats(allow_nan=False), st.text(max_size=3))
+                 st.none(), st.floats(allow_nan=False, allow_infinity=False),
+                 st.text(max_size=3))
 #: Records as the product writes them (each with a seq, mostly rising ints) and odd ones.
 seq_records = st.tuples(records, st.one_of(st.none(), seqs)).map(
     lambda r: r[0] if r[1] is None else {**r[0], "seq": r[1]})

@@ -13,8 +13,9 @@ so what is read, held back and reported is exactly what the generators read: the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from crosstalk.store.journal_format import (
@@ -125,15 +126,16 @@ def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
 
 def _highest_seq(records: list[dict[str, Any]], seq: int) -> int:
     """``seq`` raised to the highest integer ``seq`` among ``records`` (others are ignored)."""
-    seqs: list[Any] = [record.get("seq") for record in records]
+    values: Iterator[Any] = map(dict.get, records, repeat("seq"))
     try:
-        top = max(seqs, default=seq)
+        top = max(values, default=seq)
     except TypeError:  # a record without seq, or a string one: none the product writes
         top = None
     if type(top) is int:
-        # Every seq is a number; the highest is an int, so it is the highest int too.
+        # Every seq is a number and the highest is an int, so it is the highest int too.
         return top if top > seq else seq
-    for value in seqs:
+    for record in records:
+        value = record.get("seq")
         if isinstance(value, int) and value > seq:
             seq = value
     return seq
