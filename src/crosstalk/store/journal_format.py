@@ -94,8 +94,12 @@ _MORE_BYTE = _MORE[2]
 _CLOSE = ord("}")
 
 
-def decode_intact(lines: list[bytes], i: int, out: list[dict[str, Any]]) -> int:
-    """Decode ``lines[i:]`` onto ``out`` while each is intact; the index of the first that is not.
+def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
+    """Decode lines onto ``out`` while each is intact; how many were.
+
+    The first line that is not intact is taken from ``lines`` too (the caller knows it by its
+    index), so one iterator serves a whole chunk: a chunk of many damaged lines costs a call
+    each, not a copy of the rest of the chunk each.
 
     A replay's inner loop: one crc32, one compare, one ``orjson.loads`` a line, no frame. It
     takes only lines :func:`decode_line` reads as a record from the same bytes (the head, the
@@ -108,7 +112,7 @@ def decode_intact(lines: list[bytes], i: int, out: list[dict[str, Any]]) -> int:
     crc32 = zlib.crc32
     load = orjson.loads
     try:
-        for raw in lines[i:] if i else lines:
+        for raw in lines:
             body = raw[_HEAD_LEN:-1]
             if raw[2] == _MORE_BYTE:
                 if raw[:_HEAD_LEN] != _HEAD_MORE % crc32(body, _MORE_CRC):
@@ -123,7 +127,7 @@ def decode_intact(lines: list[bytes], i: int, out: list[dict[str, Any]]) -> int:
             append(record)
     except (orjson.JSONDecodeError, IndexError):  # IndexError: a line shorter than 3 bytes
         pass
-    return i + len(out) - before
+    return len(out) - before
 
 
 class Line(NamedTuple):

@@ -87,9 +87,9 @@ def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
         off = at
         writes.one(first.offset, first.raw, first.end - first.offset, damage)
         if lines and (max_line >= chunk_size or max(map(len, lines)) <= max_line):
-            i, n = 0, len(lines)
+            i, n, rest = 0, len(lines), iter(lines)
             while i < n:
-                j = decode_intact(lines, i, writes.records)
+                j = i + decode_intact(rest, writes.records)
                 # The run's trailing {"b": lines, found walking back (a batch's last line
                 # is {"c":, so a walk is short), extend what is held or start it.
                 k = j
