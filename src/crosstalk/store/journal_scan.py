@@ -61,6 +61,22 @@ class _Writes:
         self.records.append(decoded)
         self.more(offset, raw is not None and raw.startswith(_MORE))
 
+    def run(self, lines: list[bytes], i: int, j: int, offset: int) -> int:
+        """Account for ``lines[i:j]``, intact lines from ``offset``; return the offset past them.
+
+        Their trailing ``{"b":`` lines, found walking back (a batch's last line is ``{"c":``,
+        so a walk is short), extend what is held or start it."""
+        k = j
+        while k > i and lines[k - 1][2] == _MORE_BYTE:
+            k -= 1
+        if k > i:
+            self.held = 0
+        end = offset + sum(map(len, lines[i:j])) + j - i
+        if k < j:
+            self.more(end - sum(map(len, lines[k:j])) - (j - k), True)
+            self.held += j - k - 1
+        return end
+
     def more(self, offset: int, more: bool) -> None:
         if not more:
             self.held = 0
@@ -90,18 +106,8 @@ def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
             i, n, rest = 0, len(lines), iter(lines)
             while i < n:
                 j = i + decode_intact(rest, writes.records)
-                # The run's trailing {"b": lines, found walking back (a batch's last line
-                # is {"c":, so a walk is short), extend what is held or start it.
-                k = j
-                while k > i and lines[k - 1][2] == _MORE_BYTE:
-                    k -= 1
-                if k > i:
-                    writes.held = 0
-                run_end = off + sum(map(len, lines[i:j])) + j - i
-                if k < j:
-                    writes.more(run_end - sum(map(len, lines[k:j])) - (j - k), True)
-                    writes.held += j - k - 1
-                off, i = run_end, j
+                if j > i:
+                    off, i = writes.run(lines, i, j, off), j
                 if i < n:
                     raw = lines[i]
                     writes.one(off, raw if len(raw) <= max_line else None, len(raw), damage)
