@@ -30,7 +30,7 @@ _HEAD_START = len(_PREFIX)
 _CRC_END = _HEAD_START + 8
 _HEAD_LEN = _CRC_END + len(_MIDDLE)  # 20 bytes before the record JSON
 #: Bytes read at once: what a replay holds besides its records (the split lines of one chunk).
-_READ_CHUNK = 1024 * 1024
+READ_CHUNK = 1024 * 1024
 
 
 def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
@@ -90,7 +90,8 @@ def _decode_checked(line: bytes) -> dict[str, Any] | str:
 # CRC field's spelling and value and the separator at once.
 _HEAD_MORE = _MORE + b"%08x" + _MIDDLE
 _HEAD_ONE = _PREFIX + b"%08x" + _MIDDLE
-_MORE_BYTE = _MORE[2]
+#: Byte 2 of a line that marks a write as continuing (``{"b":``): a one-index test for it.
+MORE_BYTE = _MORE[2]
 _CLOSE = ord("}")
 
 
@@ -114,7 +115,7 @@ def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
     try:
         for raw in lines:
             body = raw[_HEAD_LEN:-1]
-            if raw[2] == _MORE_BYTE:
+            if raw[2] == MORE_BYTE:
                 if raw[:_HEAD_LEN] != _HEAD_MORE % crc32(body, _MORE_CRC):
                     break
             elif raw[:_HEAD_LEN] != _HEAD_ONE % crc32(body):
@@ -139,7 +140,7 @@ class Line(NamedTuple):
 
 
 def read_chunks(fd: int, start: int, end: int, max_line: int,
-                chunk_size: int = _READ_CHUNK) -> Iterator[tuple[Line, list[bytes], int]]:
+                chunk_size: int = READ_CHUNK) -> Iterator[tuple[Line, list[bytes], int]]:
     """Read ``[start, end)`` in big chunks and split each in one call.
 
     For every chunk that holds a newline: the line it completes (begun in an earlier chunk
@@ -175,7 +176,7 @@ def read_chunks(fd: int, start: int, end: int, max_line: int,
 
 
 def scan_lines(fd: int, start: int, end: int, max_line: int,
-               chunk_size: int = _READ_CHUNK) -> Iterator[Line]:
+               chunk_size: int = READ_CHUNK) -> Iterator[Line]:
     """Yield every complete line in ``[start, end)``.
 
     A trailing fragment without a newline is not yielded: the caller sees it as the gap

@@ -19,9 +19,8 @@ from itertools import repeat
 from typing import Any
 
 from crosstalk.store.journal_format import (
-    _MORE,
-    _MORE_BYTE,
-    _READ_CHUNK,
+    MORE_BYTE,
+    READ_CHUNK,
     decode_intact,
     decode_line,
     read_chunks,
@@ -59,7 +58,7 @@ class _Writes:
             self.held = 0  # any later line, even a damaged one, ends the write
             return
         self.records.append(decoded)
-        self.more(offset, raw is not None and raw.startswith(_MORE))
+        self.more(offset, raw is not None and raw[2] == MORE_BYTE)
 
     def run(self, lines: list[bytes], i: int, j: int, offset: int) -> int:
         """Account for ``lines[i:j]``, intact lines from ``offset``; return the offset past them.
@@ -67,7 +66,7 @@ class _Writes:
         Their trailing ``{"b":`` lines, found walking back (a batch's last line is ``{"c":``,
         so a walk is short), extend what is held or start it."""
         k = j
-        while k > i and lines[k - 1][2] == _MORE_BYTE:
+        while k > i and lines[k - 1][2] == MORE_BYTE:
             k -= 1
         if k > i:
             self.held = 0
@@ -89,7 +88,7 @@ class _Writes:
 def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
                 keep: list[dict[str, Any]] | None = None, each: RecordSink | None = None,
                 damage: list[Damage] | None = None,
-                chunk_size: int = _READ_CHUNK) -> tuple[int, int]:
+                chunk_size: int = READ_CHUNK) -> tuple[int, int]:
     """Read the whole writes in ``[start, size)``; return where the last ends and the highest seq.
 
     Every record is appended to ``keep`` or handed to ``each`` (neither: only counted), in
