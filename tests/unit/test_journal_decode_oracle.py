@@ -17,10 +17,12 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crosstalk.store import journal_scan
 from crosstalk.store.journal_format import (
     Line,
     decode_line,
@@ -225,12 +227,12 @@ pieces = st.one_of(batches, lines, st.sampled_from([b"\n", b"garbage\n", b"{}\n"
 @settings(max_examples=400, deadline=None)
 @given(st.lists(pieces, max_size=14), damage,
        st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 50)),
-       st.tuples(st.sampled_from([64, 200, 1 << 20]), st.integers(1, 700)))
+       st.tuples(st.sampled_from([64, 200, 1 << 20]), st.integers(1, 700), st.integers(1, 4)))
 def test_fused_replay_reads_what_the_old_loop_read(
         tmp_path_factory: Any, body: list[bytes], edits: list[tuple[str, int, int]],
-        where: tuple[int, int, int], limits: tuple[int, int]) -> None:
+        where: tuple[int, int, int], limits: tuple[int, int, int]) -> None:
     cut, start_at, seq = where  # the cut point, which line to start at, the seq before
-    max_line, chunk_size = limits
+    max_line, chunk_size, step = limits  # step: lines a streamed replay decodes at once
     data = damaged(b"".join(body), edits)
     data = data[: cut % (len(data) + 1)]
     path = tmp_path_factory.mktemp("j") / "j.jsonl"
@@ -250,10 +252,12 @@ def test_fused_replay_reads_what_the_old_loop_read(
         assert got == (want_end, want_seq)
         assert repr(kept) == repr(want)
         assert got_damage == want_damage
-        streamed: list[Any] = []
-        assert scan_writes(fd, start, size, max_line, seq=seq, each=streamed.append,
-                           chunk_size=chunk_size) == got
-        assert repr(streamed) == repr(want)
+        for stream_step in (step, journal_scan._STREAM_STEP):
+            streamed: list[Any] = []
+            with patch.object(journal_scan, "_STREAM_STEP", stream_step):
+                assert scan_writes(fd, start, size, max_line, seq=seq, each=streamed.append,
+                                   chunk_size=chunk_size) == got
+            assert repr(streamed) == repr(want)
         # Counting only (an append's catch-up): the same end and seq, nothing kept.
         assert scan_writes(fd, start, size, max_line, seq=seq, chunk_size=chunk_size) == got
         # And the default chunk (the whole file in one read here).

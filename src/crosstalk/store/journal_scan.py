@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 from crosstalk.store.journal_format import (
@@ -38,6 +38,10 @@ class Damage:
 
 #: Takes one replayed record (``Journal.replay(each=...)``).
 RecordSink = Callable[[dict[str, Any]], None]
+
+
+#: Lines a streamed replay decodes before it hands their records on.
+_STREAM_STEP = 256
 
 
 class _Writes:
@@ -76,6 +80,19 @@ class _Writes:
             self.held += j - k - 1
         return end
 
+    def hand_on(self, keep: list[dict[str, Any]] | None, each: RecordSink | None,
+                seq: int) -> int:
+        """Hand on every record but the held ones; the highest seq among all handed on."""
+        records, held = self.records, self.held
+        whole = records[:len(records) - held] if held else records
+        self.records = records[len(records) - held:] if held else []
+        if keep is not None:
+            keep.extend(whole)
+        elif each is not None:
+            for record in whole:
+                each(record)
+        return _highest_seq(whole, seq)
+
     def more(self, offset: int, more: bool) -> None:
         if not more:
             self.held = 0
@@ -98,34 +115,32 @@ def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
     """
     writes = _Writes(start)
     end = start
+    # A streamed replay keeps none of its records, so it hands them on every few hundred
+    # lines: a whole chunk's dicts at once would be several times the chunk's bytes.
+    step = _STREAM_STEP if each is not None else chunk_size
     for first, lines, at in read_chunks(fd, start, size, max_line, chunk_size):
         off = at
         writes.one(first.offset, first.raw, first.end - first.offset, damage)
         if lines and (max_line >= chunk_size or max(map(len, lines)) <= max_line):
             i, n, rest = 0, len(lines), iter(lines)
             while i < n:
-                j = i + decode_intact(rest, writes.records)
+                taken = decode_intact(islice(rest, step), writes.records)
+                j = i + taken
                 if j > i:
                     off, i = writes.run(lines, i, j, off), j
-                if i < n:
+                if taken < step and i < n:  # decode_intact stopped at lines[i]: not intact
                     raw = lines[i]
                     writes.one(off, raw if len(raw) <= max_line else None, len(raw), damage)
                     off += len(raw) + 1
                     i += 1
+                if each is not None:
+                    seq = writes.hand_on(keep, each, seq)
         else:
             for raw in lines:
                 writes.one(off, raw if len(raw) <= max_line else None, len(raw), damage)
                 off += len(raw) + 1
         end = off
-        records, held = writes.records, writes.held
-        whole = records[:len(records) - held] if held else records
-        writes.records = records[len(records) - held:] if held else []
-        seq = _highest_seq(whole, seq)
-        if keep is not None:
-            keep.extend(whole)
-        elif each is not None:
-            for record in whole:
-                each(record)
+        seq = writes.hand_on(keep, each, seq)
     return (writes.held_at if writes.held else end), seq
 
 
