@@ -4,7 +4,9 @@ The oracle below is that decoder, copied as it was (the full checks, then ``json
 then ``whole_writes`` holding back ``{"b":`` lines): a faster path that accepted one more line,
 named a different reason, or released an unfinished batch would change what a restart trusts.
 Random records, random batch marks, random byte damage and a random cut point, read through
-the real file code (``scan_lines`` over a real file) by both.
+the real file code (``scan_lines`` over a real file) by both. The replay's fused loop
+(:func:`~crosstalk.store.journal_scan.scan_writes`) is held to the same oracle, with the
+line scanner as it was before it too, at random chunk sizes so lines straddle chunk bounds.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crosstalk.store import journal_scan
 from crosstalk.store.journal_format import (
     Line,
     decode_line,
@@ -26,7 +30,8 @@ from crosstalk.store.journal_format import (
     scan_lines,
     whole_writes,
 )
-from crosstalk.store.journal_read import read_journal
+from crosstalk.store.journal_read import Damage, read_journal
+from crosstalk.store.journal_scan import scan_writes
 from crosstalk.store.jsonload import loads
 
 _PREFIX = b'{"c":"'
@@ -55,6 +60,39 @@ def oracle_decode(line: bytes) -> dict[str, Any] | str:
     if not isinstance(record, dict):
         return "json"
     return record
+
+
+def oracle_scan_lines(fd: int, start: int, end: int, max_line: int,
+                      chunk_size: int) -> Iterator[Line]:
+    """``scan_lines`` as it was before the fused loop (a chunk size to choose added)."""
+    pos = start
+    carry = b""
+    line_start = start
+    oversize = False
+    while pos < end:
+        chunk = os.pread(fd, min(chunk_size, end - pos), pos)
+        if not chunk:
+            break
+        parts = chunk.split(b"\n")
+        tail = parts.pop()
+        if parts:
+            first = parts[0]
+            off = pos + len(first)
+            if oversize or len(carry) + len(first) > max_line:
+                yield Line(line_start, off, None)
+            else:
+                yield Line(line_start, off, carry + first if carry else first)
+            off += 1
+            for raw in parts[1:]:
+                n = len(raw)
+                yield Line(off, off + n, raw if n <= max_line else None)
+                off += n + 1
+            carry, oversize, line_start = b"", False, off
+        if not oversize:
+            carry += tail
+            if len(carry) > max_line:
+                oversize, carry = True, b""
+        pos += len(chunk)
 
 
 def oracle_whole_writes(lines: Iterator[Line]) -> Iterator[tuple[Line, dict[str, Any] | str]]:
@@ -152,3 +190,95 @@ def test_every_damage_reason_still_named(tmp_path: Path) -> None:
     assert replay.damage[-1].reason == "torn_tail"
     assert replay.records == [{"a": 1}]
     assert json.loads(good[_HEAD_LEN:-2]) == {"a": 1}
+
+
+def oracle_replay(fd: int, start: int, size: int, max_line: int, *, chunk_size: int,
+                  seq: int) -> tuple[int, int, list[Any], list[Damage]]:
+    """What ``Journal._catch_up_locked`` computed before the fused loop: end, seq, records,
+    damage."""
+    end = start
+    records: list[Any] = []
+    damage: list[Damage] = []
+    for line, decoded in oracle_whole_writes(oracle_scan_lines(fd, start, size, max_line,
+                                                                chunk_size)):
+        end = line.end + 1
+        if isinstance(decoded, str):
+            damage.append(Damage(line.offset, line.end - line.offset, decoded))
+            continue
+        value = decoded.get("seq")
+        if isinstance(value, int) and value > seq:
+            seq = value
+        records.append(decoded)
+    return end, seq, records, damage
+
+
+seqs = st.one_of(st.integers(-5, 10**6), st.integers(2**62, 2**63 - 1), st.booleans(),
+                 st.none(), st.floats(allow_nan=False, allow_infinity=False),
+                 st.text(max_size=3))
+#: Records as the product writes them (each with a seq, mostly rising ints) and odd ones.
+seq_records = st.tuples(records, st.one_of(st.none(), seqs)).map(
+    lambda r: r[0] if r[1] is None else {**r[0], "seq": r[1]})
+#: Runs of lines as append_batch writes them: every line but the last marked {"b":.
+batches = st.lists(seq_records, min_size=1, max_size=6).map(
+    lambda rs: b"".join(encode_line(r, more=i < len(rs) - 1) for i, r in enumerate(rs)))
+pieces = st.one_of(batches, lines, st.sampled_from([b"\n", b"garbage\n", b"{}\n", b"x" * 300]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(pieces, max_size=14), damage,
+       st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 50)),
+       st.tuples(st.sampled_from([64, 200, 1 << 20]), st.integers(1, 700), st.integers(1, 4)))
+def test_fused_replay_reads_what_the_old_loop_read(
+        tmp_path_factory: Any, body: list[bytes], edits: list[tuple[str, int, int]],
+        where: tuple[int, int, int], limits: tuple[int, int, int]) -> None:
+    cut, start_at, seq = where  # the cut point, which line to start at, the seq before
+    max_line, chunk_size, step = limits  # step: lines a streamed replay decodes at once
+    data = damaged(b"".join(body), edits)
+    data = data[: cut % (len(data) + 1)]
+    path = tmp_path_factory.mktemp("j") / "j.jsonl"
+    path.write_bytes(data)
+    # Start at a line's first byte, as a replay from a checkpoint's mark does.
+    heads = [0] + [i + 1 for i, b in enumerate(data) if b == 0x0A]
+    start = heads[start_at % len(heads)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        want_end, want_seq, want, want_damage = oracle_replay(
+            fd, start, size, max_line, chunk_size=chunk_size, seq=seq)
+        kept: list[Any] = []
+        got_damage: list[Damage] = []
+        got = scan_writes(fd, start, size, max_line, seq=seq, keep=kept, damage=got_damage,
+                          chunk_size=chunk_size)
+        assert got == (want_end, want_seq)
+        assert repr(kept) == repr(want)
+        assert got_damage == want_damage
+        for stream_step in (step, journal_scan._STREAM_STEP):
+            streamed: list[Any] = []
+            with patch.object(journal_scan, "_STREAM_STEP", stream_step):
+                assert scan_writes(fd, start, size, max_line, seq=seq, each=streamed.append,
+                                   chunk_size=chunk_size) == got
+            assert repr(streamed) == repr(want)
+        # Counting only (an append's catch-up): the same end and seq, nothing kept.
+        assert scan_writes(fd, start, size, max_line, seq=seq, chunk_size=chunk_size) == got
+        # And the default chunk (the whole file in one read here).
+        assert scan_writes(fd, start, size, max_line, seq=seq) == got
+    finally:
+        os.close(fd)
+
+
+def test_streamed_records_wait_for_their_write_across_chunks(tmp_path: Path) -> None:
+    """A batch whose lines span several chunks is handed on only once its last line is read;
+    one cut short at the end is never handed on, and the end stops before it."""
+    whole = b"".join(encode_line({"seq": i}, more=i < 9) for i in range(10))
+    cut_short = b"".join(encode_line({"seq": i}, more=True) for i in range(10, 14))
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(whole + cut_short)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        seen: list[Any] = []
+        end, seq = scan_writes(fd, 0, len(whole) + len(cut_short), 1 << 20, seq=0,
+                               each=seen.append, chunk_size=50)
+    finally:
+        os.close(fd)
+    assert [r["seq"] for r in seen] == list(range(10))
+    assert (end, seq) == (len(whole), 9)

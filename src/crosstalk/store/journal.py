@@ -54,9 +54,9 @@ from crosstalk.store.journal_format import (
     encode_line,
     scan_lines,
     standalone,
-    whole_writes,
 )
 from crosstalk.store.journal_read import Damage, ReadMark, RecordSink, Replay, Resume, read_from
+from crosstalk.store.journal_scan import scan_writes
 
 __all__ = ["Journal", "JournalError", "JournalWriteError", "RecordTooLarge", "RetentionResult"]
 
@@ -183,19 +183,10 @@ class Journal:
         if not reading and size == self._offset:
             return
         sink = collect if collect is not None else Replay()
-        take = each if each is not None else sink.records.append if reading else None
         start = sink.start if reading else self._offset
-        end = start
-        for line, decoded in whole_writes(scan_lines(self._fd, start, size, self._max_line)):
-            end = line.end + 1
-            if isinstance(decoded, str):
-                sink.damage.append(Damage(line.offset, line.end - line.offset, decoded))
-                continue
-            seq = decoded.get("seq")
-            if isinstance(seq, int) and seq > self._last_seq:
-                self._last_seq = seq
-            if take is not None:
-                take(decoded)
+        end, self._last_seq = scan_writes(
+            self._fd, start, size, self._max_line, seq=self._last_seq, damage=sink.damage,
+            keep=sink.records if reading and each is None else None, each=each)
         if end < size:
             # A fragment with no newline: a writer died mid-line. It was never acknowledged.
             sink.damage.append(Damage(end, size - end, "torn_tail"))

@@ -30,7 +30,7 @@ _HEAD_START = len(_PREFIX)
 _CRC_END = _HEAD_START + 8
 _HEAD_LEN = _CRC_END + len(_MIDDLE)  # 20 bytes before the record JSON
 #: Bytes read at once: what a replay holds besides its records (the split lines of one chunk).
-_READ_CHUNK = 1024 * 1024
+READ_CHUNK = 1024 * 1024
 
 
 def encode_line(record: Mapping[str, Any], *, more: bool = False) -> bytes:
@@ -86,6 +86,51 @@ def _decode_checked(line: bytes) -> dict[str, Any] | str:
     return record
 
 
+# An intact line's first _HEAD_LEN bytes, given its CRC: one compare checks the marker, the
+# CRC field's spelling and value and the separator at once.
+_HEAD_MORE = _MORE + b"%08x" + _MIDDLE
+_HEAD_ONE = _PREFIX + b"%08x" + _MIDDLE
+#: Byte 2 of a line that marks a write as continuing (``{"b":``): a one-index test for it.
+MORE_BYTE = _MORE[2]
+_CLOSE = ord("}")
+
+
+def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
+    """Decode lines onto ``out`` while each is intact; how many were.
+
+    The first line that is not intact is taken from ``lines`` too (the caller knows it by its
+    index), so one iterator serves a whole chunk: a chunk of many damaged lines costs a call
+    each, not a copy of the rest of the chunk each.
+
+    A replay's inner loop: one crc32, one compare, one ``orjson.loads`` a line, no frame. It
+    takes only lines :func:`decode_line` reads as a record from the same bytes (the head, the
+    CRC and the closing brace as written, a body orjson reads as an object), and stops at any
+    other: the caller decodes that one with :func:`decode_line`, which names the damage or
+    reads what orjson refuses (NaN, lone surrogates). Lines are not checked against a limit.
+    """
+    append = out.append
+    before = len(out)
+    crc32 = zlib.crc32
+    load = orjson.loads
+    try:
+        for raw in lines:
+            body = raw[_HEAD_LEN:-1]
+            if raw[2] == MORE_BYTE:
+                if raw[:_HEAD_LEN] != _HEAD_MORE % crc32(body, _MORE_CRC):
+                    break
+            elif raw[:_HEAD_LEN] != _HEAD_ONE % crc32(body):
+                break
+            if raw[-1] != _CLOSE:
+                break
+            record = load(body)
+            if type(record) is not dict:
+                break
+            append(record)
+    except (orjson.JSONDecodeError, IndexError):  # IndexError: a line shorter than 3 bytes
+        pass
+    return len(out) - before
+
+
 class Line(NamedTuple):
     """One line of the file (a tuple: a replay makes one per record)."""
 
@@ -94,20 +139,21 @@ class Line(NamedTuple):
     raw: bytes | None  # the line without its newline; None when it exceeds the limit
 
 
-def scan_lines(fd: int, start: int, end: int, max_line: int) -> Iterator[Line]:
-    """Yield every complete line in ``[start, end)``.
+def read_chunks(fd: int, start: int, end: int, max_line: int,
+                chunk_size: int = READ_CHUNK) -> Iterator[tuple[Line, list[bytes], int]]:
+    """Read ``[start, end)`` in big chunks and split each in one call.
 
-    A trailing fragment without a newline is not yielded: the caller sees it as the gap
-    between the last line's end and ``end``. Oversize lines are yielded with ``raw=None`` and
-    are never held in memory beyond the limit. Each chunk read is split in one call.
+    For every chunk that holds a newline: the line it completes (begun in an earlier chunk
+    perhaps; ``raw=None`` when it exceeds ``max_line``, and never held beyond the limit), the
+    complete lines after it (not checked against ``max_line``: the caller does), and the
+    offset of the first of those. A trailing fragment without a newline is not yielded.
     """
     pos = start
     carry = b""  # the start of a line a previous chunk began (at most max_line bytes)
     line_start = start
     oversize = False
-    new = tuple.__new__
     while pos < end:
-        chunk = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
+        chunk = os.pread(fd, min(chunk_size, end - pos), pos)
         if not chunk:
             break
         parts = chunk.split(b"\n")
@@ -116,22 +162,36 @@ def scan_lines(fd: int, start: int, end: int, max_line: int) -> Iterator[Line]:
             first = parts[0]
             off = pos + len(first)
             if oversize or len(carry) + len(first) > max_line:
-                yield Line(line_start, off, None)
+                line = Line(line_start, off, None)
             else:
-                yield Line(line_start, off, carry + first if carry else first)
-            off += 1
-            for i in range(1, len(parts)):
-                raw = parts[i]
-                n = len(raw)
-                # tuple.__new__: Line(...) is a Python-level __new__, a frame per line.
-                yield new(Line, (off, off + n, raw if n <= max_line else None))
-                off += n + 1
-            carry, oversize, line_start = b"", False, off
+                line = Line(line_start, off, carry + first if carry else first)
+            del parts[0]
+            carry, oversize, line_start = b"", False, pos + len(chunk) - len(tail)
+            yield line, parts, off + 1
         if not oversize:
             carry += tail
             if len(carry) > max_line:
                 oversize, carry = True, b""
         pos += len(chunk)
+
+
+def scan_lines(fd: int, start: int, end: int, max_line: int,
+               chunk_size: int = READ_CHUNK) -> Iterator[Line]:
+    """Yield every complete line in ``[start, end)``.
+
+    A trailing fragment without a newline is not yielded: the caller sees it as the gap
+    between the last line's end and ``end``. Oversize lines are yielded with ``raw=None`` and
+    are never held in memory beyond the limit.
+    """
+    new = tuple.__new__
+    for first, parts, at in read_chunks(fd, start, end, max_line, chunk_size):
+        yield first
+        off = at
+        for raw in parts:
+            n = len(raw)
+            # tuple.__new__: Line(...) is a Python-level __new__, a frame per line.
+            yield new(Line, (off, off + n, raw if n <= max_line else None))
+            off += n + 1
 
 
 def decode_scanned(line: Line) -> dict[str, Any] | str:

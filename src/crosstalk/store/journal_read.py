@@ -12,20 +12,12 @@ from typing import Any, Protocol
 
 from crosstalk.config import MAX_JOURNAL_LINE
 from crosstalk.core.replay import Violation, audit
-from crosstalk.store.journal_format import scan_lines, whole_writes
 
+# Damage and RecordSink live with the scan that makes and feeds them; this is their home name.
+from crosstalk.store.journal_scan import Damage, RecordSink, scan_writes
 
-@dataclass(frozen=True)
-class Damage:
-    """A region of the journal that did not decode; it was skipped, not trusted."""
-
-    offset: int
-    length: int
-    reason: str  # "checksum" | "framing" | "json" | "oversize" | "torn_tail"
-
-
-#: Takes one replayed record (``Journal.replay(each=...)``).
-RecordSink = Callable[[dict[str, Any]], None]
+__all__ = ["Damage", "ReadMark", "RecordSink", "Replay", "Resume", "ResumeRefused",
+           "audit_journal", "read_from", "read_journal"]
 
 
 @dataclass
@@ -73,13 +65,8 @@ def read_journal(path: Path | str, *, max_line: int = MAX_JOURNAL_LINE) -> Repla
         return result
     try:
         size = os.fstat(fd).st_size
-        end = 0
-        for line, decoded in whole_writes(scan_lines(fd, 0, size, max_line)):
-            end = line.end + 1
-            if isinstance(decoded, str):
-                result.damage.append(Damage(line.offset, line.end - line.offset, decoded))
-            else:
-                result.records.append(decoded)
+        end, _ = scan_writes(fd, 0, size, max_line, seq=0, keep=result.records,
+                             damage=result.damage)
         if end < size:
             result.damage.append(Damage(end, size - end, "torn_tail"))
         result.end = end
@@ -122,9 +109,5 @@ def read_from(fd: int, ino: int, mark: ReadMark | None, each: RecordSink,
         restart()
     else:
         start = mark.end
-    end = start
-    for line, decoded in whole_writes(scan_lines(fd, start, size, max_line)):
-        end = line.end + 1
-        if not isinstance(decoded, str):
-            each(decoded)
+    end, _ = scan_writes(fd, start, size, max_line, seq=0, each=each)
     return ReadMark(ino, end)
