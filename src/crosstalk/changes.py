@@ -10,7 +10,6 @@ waits for it, a cancel finds it taken (ADR 0036).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -89,12 +88,10 @@ class EntryChanges:
         """:meth:`apply_event` through the group commit: other writes share its fsync."""
         group = self.stage_event(entry, event, reason, required=required, outcome=outcome,
                                  evidence=evidence, ask_record=ask_record)
-        assert group.future is not None
-        try:
-            await asyncio.shield(group.future)
-        except JournalError as exc:
-            if required:
-                raise ReceiverUnavailable(f"journal refused {event.value}: {exc}") from exc
+        await group.settled()
+        if required and isinstance(group.result, JournalError):
+            raise ReceiverUnavailable(f"journal refused {event.value}: {group.result}"
+                                      ) from group.result
 
     def stage_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
                     required: bool, outcome: MessageState | None = None,
@@ -108,7 +105,7 @@ class EntryChanges:
         group = self.journal.commit.stage(batch, after=entry.pending)
         entry.pending = group
 
-        def written(_: object) -> None:
+        def written() -> None:
             if entry.pending is group:
                 entry.pending = None
             if group.written:
@@ -118,8 +115,7 @@ class EntryChanges:
             if then is not None:
                 then()
 
-        assert group.future is not None
-        group.future.add_done_callback(written)
+        group.then(written)
         return group
 
     @staticmethod

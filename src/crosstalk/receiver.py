@@ -173,23 +173,22 @@ class Receiver(EntryChanges):
         it does right after its write (an A2A task) is done before a copy looks."""
         while True:
             entry = self.entries.get(message_id)
-            if entry is None or entry.pending is None or entry.pending.future is None:
+            if entry is None or entry.pending is None:
                 return entry
-            with contextlib.suppress(JournalError):
-                await asyncio.shield(entry.pending.future)
+            await entry.pending.settled()
 
     async def _admitted(self, entry: Inbound) -> Inbound | Result:
         """Wait for ``entry``'s admission record: the entry, its rejection (too large), or
         :class:`ReceiverUnavailable` (nothing was accepted)."""
         group = entry.admission
-        if group is None or group.future is None:
+        if group is None:
             return entry
-        try:
-            await asyncio.shield(group.future)
-        except RecordTooLarge:
+        await group.settled()
+        if isinstance(group.result, RecordTooLarge):
             return self.entries[entry.message_id].result()
-        except JournalError as exc:
-            raise ReceiverUnavailable(f"journal refused the message: {exc}") from exc
+        if isinstance(group.result, JournalError):
+            raise ReceiverUnavailable(f"journal refused the message: {group.result}"
+                                      ) from group.result
         return entry
 
     def stage_admit(self, msg: Message) -> Inbound | Result:
@@ -220,8 +219,7 @@ class Receiver(EntryChanges):
                       deadline_seconds=msg.deadline_seconds, arrived_at=self.clock())
         entry.pending = entry.admission = group
         self.entries[msg.message_id] = entry
-        assert group.future is not None
-        group.future.add_done_callback(lambda _: self._on_admission(entry, msg))
+        group.then(lambda: self._on_admission(entry, msg))
         return entry
 
     def _on_admission(self, entry: Inbound, msg: Message) -> None:
@@ -320,12 +318,10 @@ class Receiver(EntryChanges):
         """:meth:`dispatch` up to the outcome's record, staged: the future gives the result
         once that record is durable. The lane dispatches the next message meanwhile, so the
         next dispatch lock shares the outcome's write (ADR 0036)."""
-        while (entry.pending is not None and entry.pending.future is not None
-               and entry.pending is not entry.admission
+        while (entry.pending is not None and entry.pending is not entry.admission
                and entry.pending is not entry.prerequisite):
             # Another dispatch of it has a write in flight: its state, once durable.
-            with contextlib.suppress(JournalError):
-                await asyncio.shield(entry.pending.future)
+            await entry.pending.settled()
         if entry.failed:
             raise ReceiverUnavailable("journal refused the message")
         if entry.state is not M.SUBMITTED or entry.message is None:
@@ -370,12 +366,11 @@ class Receiver(EntryChanges):
                                  then=lambda: self._after_outcome(entry))
         done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
 
-        def finish(_: object) -> None:  # after stage_event's own callback moved the entry
+        def finish() -> None:  # after stage_event's own callback moved the entry
             if not done.done():
                 done.set_result(entry.result())  # a lost write made it unknown
 
-        assert group.future is not None
-        group.future.add_done_callback(finish)
+        group.then(finish)
         return done
 
     @staticmethod

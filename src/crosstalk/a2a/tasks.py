@@ -22,7 +22,6 @@ open asks' deadlines are armed on the agent's dispatch lane, which expires them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import uuid
@@ -212,15 +211,14 @@ class TaskBook:
         """Wait for the task's staged record: a task is reported only once it is durable.
         Raises :class:`InternalError` if its first record failed (the task is gone)."""
         group = self.store.writes.get(task_id)
-        if group is None or group.future is None:
+        if group is None:
             return
-        with contextlib.suppress(JournalError):
-            await asyncio.shield(group.future)
+        await group.settled()
         if self.store.lookup(task_id) is None:
             raise InternalError(message=f"journal unavailable: {group.result}")
 
     def _watch(self, task_id: str, group: Group, entry: Inbound | None = None) -> None:
-        def done(_: object) -> None:
+        def done() -> None:
             if self.store.writes.get(task_id) is group:
                 del self.store.writes[task_id]
             if entry is not None and entry.pending is group:
@@ -237,8 +235,7 @@ class TaskBook:
                       task_id, group.result)
             self._dirty.add(task_id)  # the next change writes it again
 
-        assert group.future is not None
-        group.future.add_done_callback(done)
+        group.then(done)
 
     def save(self, task: pb.Task, owner: str, refs: Sequence[str]) -> None:
         try:

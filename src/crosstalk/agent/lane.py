@@ -146,6 +146,7 @@ class DispatchLane:
             if item is None or self._closed:
                 return
             mid = item.entry.message_id
+            done: asyncio.Future[Result] | None = None
             try:
                 async with self._turn:
                     if item.resume:
@@ -156,17 +157,17 @@ class DispatchLane:
                 log.error("dispatch of %s could not start: %s", mid, exc)
                 self._lane_error(mid, str(exc))
                 item.settle(error=exc)
-                self._forget(mid)
             except Exception as exc:  # a bug must not stop the lane for every later message
                 log.exception("dispatch of %s failed", mid)
                 self._lane_error(mid, repr(exc))
                 item.settle(error=exc)
-                self._forget(mid)
             except BaseException:
                 item.settle()  # cancelled by close(): the receiver journaled it unknown
-                self._forget(mid)
                 raise
-            else:
+            finally:
+                if done is None:  # it ended here; otherwise when its outcome is durable
+                    self._forget(mid)
+            if done is not None:
                 # Its outcome's write is in flight: the next message's lock joins it, and the
                 # waiters are answered when it is durable.
                 done.add_done_callback(functools.partial(self._finished, item))

@@ -82,6 +82,26 @@ class Group:
         """Whether the records are durable; ``None`` while not yet written."""
         return None if self.result is None else not isinstance(self.result, JournalError)
 
+    async def settled(self) -> None:
+        """Until the write that carries these records is done, durable or not (never raises:
+        :attr:`written` and :attr:`result` say which). A cancelled waiter leaves the write
+        alone (shielded)."""
+        if self.future is not None:
+            with contextlib.suppress(JournalError):
+                await asyncio.shield(self.future)
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop once the write is done, after those added before."""
+        assert self.future is not None, "a synchronous append's group is answered at once"
+        self.future.add_done_callback(lambda _: callback())
+
+
+def fail_unwritten(groups: Sequence[Group], exc: JournalError) -> None:
+    """Every group the write did not get to fails with ``exc``."""
+    for group in groups:
+        if group.result is None:
+            group.result = exc
+
 
 def encode_group(records: Sequence[Mapping[str, Any]], seq: int, now: float, max_line: int
                  ) -> tuple[Stored, list[bytes]]:
@@ -177,7 +197,7 @@ class GroupCommit:
             _Pool.get().submit(self._flush)
         except RuntimeError as exc:  # the interpreter is shutting down
             self._threaded = False
-            self._fail(self._take(), JournalWriteError(f"journal writer unavailable: {exc}"))
+            fail_unwritten(self._take(), JournalWriteError(f"journal writer unavailable: {exc}"))
             self._after_flush()
 
     def _flush(self, *, inline: bool = False) -> None:
@@ -192,21 +212,15 @@ class GroupCommit:
         try:
             self._journal.write_groups(take)
         except JournalError as exc:  # e.g. closed, or wedged: nothing of theirs was written
-            self._fail(take(), exc)
+            fail_unwritten(take(), exc)
         except BaseException as exc:
-            self._fail(take(), JournalWriteError(f"journal write failed: {exc!r}"))
+            fail_unwritten(take(), JournalWriteError(f"journal write failed: {exc!r}"))
             raise
         finally:
             if inline:
                 self._deliver(taken, self._after_flush)
             else:
                 self._deliver_soon(taken, then=self._after_flush)
-
-    @staticmethod
-    def _fail(groups: list[Group], exc: JournalError) -> None:
-        for group in groups:
-            if group.result is None:
-                group.result = exc
 
     def _deliver_soon(self, groups: list[Group],
                       then: Callable[[], None] | None = None) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 from crosstalk.config import MAX_JOURNAL_LINE, PRIVATE_FILE_MODE, RETENTION_SECONDS, fsync_dir
 from crosstalk.core import retention
 from crosstalk.store import collector
-from crosstalk.store.commit import Group, GroupCommit, encode_group
+from crosstalk.store.commit import Group, GroupCommit, encode_group, fail_unwritten
 from crosstalk.store.files import FileOps, OsFileOps, open_regular
 from crosstalk.store.journal_errors import JournalError, JournalWriteError, RecordTooLarge
 from crosstalk.store.journal_format import (
@@ -308,9 +308,7 @@ class Journal:
             try:
                 self._write_groups_locked(groups)
             except JournalWriteError as exc:  # the wedge or the catch-up: nothing written
-                for group in groups:
-                    if group.result is None:
-                        group.result = exc
+                fail_unwritten(groups, exc)
             return groups
 
     def _write_groups_locked(self, groups: list[Group]) -> None:
