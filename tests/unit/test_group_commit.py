@@ -5,6 +5,7 @@ it and leaves the file replayable."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,26 @@ async def test_writes_in_a_thread_overlap_new_stages(tmp_path: Path) -> None:
         assert ops.fsyncs <= 3, "sixteen callers in at most a few writes"
         assert ids(journal) == [f"r{i}" for i in range(16)]
         await journal.commit.idle()
+
+
+async def test_a_failure_read_only_through_then_is_not_logged_as_never_retrieved(
+        tmp_path: Path) -> None:
+    # A caller that hooks ``then`` and reads ``written`` (as the receiver's state changes do)
+    # never awaits the future: its failure must not reach the loop's exception handler as
+    # "Future exception was never retrieved" once the group is collected.
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        with Journal(tmp_path / "j.jsonl", ops=FaultyOps(fail_write={1})) as journal:
+            seen: list[bool | None] = []
+            group = journal.commit.stage([rec(1)])
+            group.then(lambda: seen.append(group.written))
+            await journal.commit.idle()
+            assert seen == [False]
+            del group
+            gc.collect()
+        assert reported == []
+    finally:
+        loop.set_exception_handler(previous)

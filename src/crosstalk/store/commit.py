@@ -238,8 +238,13 @@ class GroupCommit:
                 continue
             if isinstance(result, JournalError):
                 future.set_exception(result)
+                # Seen: the group's ``result`` carries the failure to whoever reads it, and a
+                # caller that only hooked ``then`` must not have it logged as never retrieved.
+                future.exception()
             elif result is None:
-                future.set_exception(JournalWriteError("the journal writer did not finish"))
+                group.result = JournalWriteError("the journal writer did not finish")
+                future.set_exception(group.result)
+                future.exception()
             else:
                 future.set_result(result)
         if then is not None:
