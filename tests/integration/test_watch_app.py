@@ -16,6 +16,7 @@ from textual.widgets import Input, Static
 from crosstalk.agent import Agent
 from crosstalk.config import journal_path
 from crosstalk.store.registry import Registry
+from crosstalk.watch import app as app_module
 from crosstalk.watch.app import MAX_ROWS, WatchApp
 from crosstalk.watch.feed import Feed
 from crosstalk.watch.model import Board, Change, MessageView, StateStep
@@ -301,3 +302,39 @@ async def test_the_table_holds_the_newest_rows_and_a_filter_finds_older_ones() -
         assert "m00000" not in app.messages.rows
         app.query_one(Input).value = '"note 7"'
         await until(lambda: "m00007" in app.messages.rows, "an old one found")
+
+
+async def test_a_highlight_posted_before_a_new_row_does_not_pull_the_selection_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table posts its highlights as messages; one still queued when the next poll adds a
+    row and moves the cursor names a row the cursor has left. The selection is the row under
+    the cursor, whatever order the app reads them in (two polls applied back to back, as a
+    loaded machine runs them; a full table, so the new row's trim leaves the cursor's index
+    where it was and the table posts nothing for it)."""
+    monkeypatch.setattr(app_module, "MAX_ROWS", 3)
+    board = Board()
+    now = time.time()
+    views = [MessageView(f"m{i:02d}", "B-bob", "bob", "alice", "A-alice", True, "a2a",
+                         "inform", "immediate", f"note {i}", steps=[StateStep(now + i, "accepted")])
+             for i in range(4)]
+
+    class Idle:
+        def __init__(self) -> None:
+            self.board = board
+
+        def poll(self) -> list[Change]:
+            return []
+
+    app = WatchApp(Idle(), poll_interval=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: app.polls > 0, "the first (empty) poll")
+        for view in views[:3]:
+            board.keep(view)
+        app.apply([Change("message", now, v.message_id, "", {}) for v in views[:3]])
+        board.keep(views[3])
+        app.apply([Change("message", now, "m03", "", {})])  # before the table's highlights
+        await pilot.pause()
+        assert app.messages.get_row_index("m03") == app.messages.cursor_row
+        assert app.selected == "m03"
+        assert "m00" not in app.messages.rows
+        assert "m03" in detail(app).splitlines()[0]

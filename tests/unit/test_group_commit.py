@@ -172,11 +172,14 @@ async def test_a_failure_read_only_through_then_is_not_logged_as_never_retrieved
     try:
         with Journal(tmp_path / "j.jsonl", ops=FaultyOps(fail_write={1})) as journal:
             seen: list[bool | None] = []
-            group = journal.commit.stage([rec(1)])
-            group.then(lambda: seen.append(group.written))
+
+            def stage() -> None:  # the group is the caller's only: gone when this returns
+                group = journal.commit.stage([rec(1)])
+                group.then(lambda: seen.append(group.written))
+
+            stage()
             await journal.commit.idle()
             assert seen == [False]
-            del group
             gc.collect()
         assert reported == []
     finally:

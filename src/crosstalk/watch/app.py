@@ -327,8 +327,14 @@ class WatchApp(App[int]):
     # -- events --------------------------------------------------------------------------
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "messages" and event.row_key.value is not None:
-            self.selected = str(event.row_key.value)
+        """The selection is the row under the cursor now, not the one the event names: a
+        highlight still queued when the next poll moved the cursor names a row it has left."""
+        table = event.data_table
+        if table.id != "messages" or not table.row_count:
+            return
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if key is not None:
+            self.selected = str(key)
             self._show_detail()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
