@@ -98,6 +98,9 @@ class Receiver(EntryChanges):
         self.hop_token = hop_token(self.agent_id)
         self._mailbox = MailboxFold()
         self._mailbox_mark: ReadMark | None = None
+        #: Dispatches between their lock and their outcome's record (the lane's one, or none):
+        #: an admission meanwhile is staged lazy, to ride with the lane's next write.
+        self._injecting = 0
 
     def mailbox(self) -> list[MailboxEntry]:
         """Every message's mailbox entry, ordered by latest change: the journal folded as it
@@ -211,7 +214,8 @@ class Receiver(EntryChanges):
         if reason is not None:
             return Result(msg.message_id, M.REJECTED, reason)  # transient: not journaled
         state = message_next(None, ME.ADMITTED)
-        group = self.journal.commit.stage([message_record(msg, self.binding)])
+        group = self.journal.commit.stage([message_record(msg, self.binding)],
+                                          lazy=self._injecting > 0)
         entry = Inbound(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
@@ -334,6 +338,14 @@ class Receiver(EntryChanges):
             # An unbound ask gives its admission slot back like any undelivered ask.
             self._after_outcome(entry)
             return answered(entry.result())
+        self._injecting += 1
+        try:
+            return await self._lock_and_inject(entry, msg)
+        finally:
+            self._injecting -= 1
+
+    async def _lock_and_inject(self, entry: Inbound, msg: Message) -> asyncio.Future[Result]:
+        assert self.binding is not None
         try:
             # Staged after the admission when that is still in flight: one write for both.
             await self.commit_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)

@@ -184,3 +184,50 @@ async def test_a_failure_read_only_through_then_is_not_logged_as_never_retrieved
         assert reported == []
     finally:
         loop.set_exception_handler(previous)
+
+
+async def test_a_lazy_group_rides_with_the_next_write(tmp_path: Path) -> None:
+    # An admission staged while the lane injects: it starts no write; the lane's next stage
+    # (eager) takes it into its own write and fsync.
+    ops = FaultyOps()
+    with Journal(tmp_path / "j.jsonl", ops=ops) as journal:
+        lazy = journal.commit.stage([rec(1)], lazy=True)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert ops.fsyncs == 0 and lazy.written is None, "a lazy group waits for company"
+        eager = journal.commit.stage([rec(2)])
+        await asyncio.gather(lazy.settled(), eager.settled())
+        assert lazy.written and eager.written
+        assert ops.fsyncs == 1, "one write carried both"
+        assert ids(journal) == ["r1", "r2"]
+
+
+async def test_a_lazy_group_alone_is_written_anyway(tmp_path: Path) -> None:
+    # Nothing else comes (the lane's inject is slow): the group is written after its wait,
+    # and idle() waits for it like any staged group.
+    ops = FaultyOps()
+    with Journal(tmp_path / "j.jsonl", ops=ops) as journal:
+        lazy = journal.commit.stage([rec(1)], lazy=True)
+        await journal.commit.idle()
+        assert lazy.written is True
+        assert ops.fsyncs == 1
+        again = journal.commit.stage([rec(2)], lazy=True)
+        assert again.future is not None
+        stored = await again.future
+        assert [(r["id"], r["seq"]) for r in stored] == [("r2", 2)]
+        assert ids(journal) == ["r1", "r2"]
+
+
+async def test_lazy_groups_left_after_a_write_wait_for_company_again(tmp_path: Path) -> None:
+    # Staged while a write is in flight, lazy groups are not written the moment it ends: the
+    # next eager stage takes them (or their wait ends); file order is staging order.
+    ops = FaultyOps()
+    with Journal(tmp_path / "j.jsonl", ops=ops) as journal:
+        first = journal.commit.stage([rec(1)])
+        await asyncio.sleep(0)  # the write of r1 is under way (inline: already done)
+        lazies = [journal.commit.stage([rec(i)], lazy=True) for i in (2, 3)]
+        last = journal.commit.stage([rec(4)])
+        await asyncio.gather(*(g.settled() for g in (first, *lazies, last)))
+        assert all(g.written for g in (first, *lazies, last))
+        assert ids(journal) == ["r1", "r2", "r3", "r4"]
+        assert ops.fsyncs == 2, "r2-r4 in one write"

@@ -1415,3 +1415,21 @@ async def test_ending_an_ask_is_an_event(rig: Rig) -> None:
     with pytest.raises(IllegalTransition):
         rig.receiver.end_ask("q", AskEvent.ANSWERED)
     assert [r["state"] for r in rig.records("q", "ask")] == ["open", "expired"]
+
+
+@pytest.mark.anyio
+async def test_an_admission_during_a_parked_inject_is_durable_without_it(rig: Rig) -> None:
+    """While the lane injects, an admission is staged to ride with the lane's next write; a
+    harness that holds the inject (a busy session) must not hold the admission with it: it is
+    durable, and the message submitted on disk, while the inject is still parked."""
+    gate = asyncio.Event()
+    rig.fake.then(Step(gate=gate))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.receiver.receive, msg("m1"))
+        await settle(rig, rig.fake.parked.is_set)
+        admitted = await rig.receiver.admit(msg("m2", sender=BOB))
+        assert isinstance(admitted, Inbound)
+        assert rig.states("m2") == ["submitted"], "durable while m1's inject is parked"
+        assert rig.fake.parked.is_set() and rig.written() == 0
+        gate.set()
+    assert rig.states("m1") == ["submitted", "dispatching", "accepted"]

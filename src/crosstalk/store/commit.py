@@ -17,6 +17,12 @@ What stays true:
   both; if the admission fails, the lock is never written.
 - **File order is staging order.** A synchronous append (:meth:`GroupCommit.write_now`) takes
   whatever is staged ahead of it into its own write, so records never overtake each other.
+
+A group staged ``lazy`` does not start a write of its own: it rides with the next one, or is
+written :data:`LAZY_SECONDS` after it was staged if nothing else comes. The receiver stages an
+admission lazy while its lane is injecting: the lane's next write (the outcome and the next
+dispatch lock) comes within a lane cycle and carries it, where an admission write of its own
+would stand in that lock's way, and the lock is what the lane waits on (ADR 0037).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ Stored = list[dict[str, Any]]
 _INLINE_GROUPS = 2
 #: Journals flushing at once (one flush in flight per journal; a shim serves a few agents).
 _WORKERS = 8
+#: The longest a lazy group waits for another write to ride with.
+LAZY_SECONDS = 0.002
 
 
 class _Pool:
@@ -136,20 +144,23 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[Group] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._busy = False  # a flush scheduled or running (read and set on the loop only)
+        self._busy = False  # a flush scheduled or running, or armed (on the loop only)
+        self._timer: asyncio.TimerHandle | None = None  # armed: only lazy groups are queued
+        self._eager = False  # a group that wants its write now is queued (under _lock)
         self._idle: asyncio.Event | None = None
         self._threaded = False  # the flush in flight runs in a worker thread
         self._contended = False  # something was staged while a threaded flush ran
 
     def stage(self, records: Sequence[Mapping[str, Any]], *,
-              after: Group | None = None) -> Group:
+              after: Group | None = None, lazy: bool = False) -> Group:
         """Queue ``records`` for the next shared write; await ``group.future`` for them as
         stored. Nothing is written before the loop's next turn, so what the current turn
-        stages shares one write."""
+        stages shares one write. ``lazy``: start no write for them (the module docstring)."""
         loop = asyncio.get_running_loop()
         group = Group(records, after, loop.create_future())
         with self._lock:
             self._queue.append(group)
+            self._eager = self._eager or not lazy
         self._loop = loop
         if self._threaded:
             self._contended = True  # arrivals while a write is in flight: keep overlapping
@@ -157,6 +168,13 @@ class GroupCommit:
             self._busy = True
             if self._idle is not None:
                 self._idle.clear()
+            if lazy:
+                self._arm(loop)
+            else:
+                loop.call_soon(self._kick)
+        elif not lazy and self._timer is not None:  # only armed: this one is written now
+            self._timer.cancel()
+            self._timer = None
             loop.call_soon(self._kick)
         return group
 
@@ -181,8 +199,15 @@ class GroupCommit:
 
     def _take(self) -> list[Group]:
         with self._lock:
-            taken, self._queue = self._queue, []
+            taken, self._queue, self._eager = self._queue, [], False
         return taken
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(LAZY_SECONDS, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._kick()
 
     def _kick(self) -> None:
         with self._lock:
@@ -253,9 +278,12 @@ class GroupCommit:
     def _after_flush(self) -> None:
         self._threaded = False
         with self._lock:
-            more = bool(self._queue)
+            more, eager = bool(self._queue), self._eager
         if more and self._loop is not None:
-            self._loop.call_soon(self._kick)
+            if eager:
+                self._loop.call_soon(self._kick)
+            else:
+                self._arm(self._loop)  # lazy ones only: they wait for company, not long
             return
         self._busy = False
         if self._idle is not None:
