@@ -1218,3 +1218,66 @@ def test_sweep_skips_a_stale_agent_whose_lock_path_is_blocked(
     registry.agent_lock_path(blocked.agent_id).mkdir()
     assert registry.sweep_stale() == [swept.agent_id]
     assert path.exists()  # unproven without its lock: left, and doctor names the directory
+
+
+# -- the scan's memo of settled files ----------------------------------------------------------
+
+
+def test_a_settled_descriptor_is_not_reread_and_any_change_is_seen(
+        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan keeps the parse of a file whose lstat has not changed since it was read (and
+    that was settled then); a rewrite in place, a replacement, a removal, a file turned into
+    a symlink or garbage: each is read anew on the next scan."""
+    from crosstalk.store import registry as registry_module
+    reads: list[Path] = []
+    real = registry_module.read_descriptor
+
+    def counting(path: Path) -> Descriptor:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(registry_module, "read_descriptor", counting)
+    monkeypatch.setattr(registry_module, "_SETTLED_NS", -(10 ** 12))  # every file settled
+    desc = make_descriptor()
+    path = plant(registry, desc)
+    assert [d.name for d in registry.live()] == ["alpha"]
+    assert [d.name for d in registry.live()] == ["alpha"]
+    assert len(reads) == 1, "the second scan kept the first one's parse"
+
+    path.write_bytes(replace(desc, name="bravo-longer").to_json())  # in place: same inode
+    assert [d.name for d in registry.live()] == ["bravo-longer"]
+    plant(registry, replace(desc, name="gamma"))  # replaced: a new inode
+    assert [d.name for d in registry.find("gamma")] == ["gamma"]
+    path.write_bytes(b'{"torn')
+    listed, bad = registry.scan()
+    assert listed == []
+    assert [b.path for b in bad] == [path]
+    path.unlink()
+    path.symlink_to(tmp := path.with_name("elsewhere.txt"))
+    tmp.write_bytes(desc.to_json())
+    listed, bad = registry.scan()
+    assert listed == [], "a symlink is never a descriptor"
+    assert [b.path for b in bad] == [path]
+    path.unlink()
+    assert registry.live() == []
+    assert registry.scan() == ([], [])
+
+
+def test_a_descriptor_written_within_the_settling_time_is_read_every_scan(
+        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two writes within one timestamp tick can leave the same lstat: a file that new is not
+    # kept, so a write after the read cannot go unseen.
+    from crosstalk.store import registry as registry_module
+    reads: list[Path] = []
+    real = registry_module.read_descriptor
+
+    def counting(path: Path) -> Descriptor:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(registry_module, "read_descriptor", counting)
+    monkeypatch.setattr(registry_module, "_SETTLED_NS", 10 ** 15)  # nothing ever settles
+    plant(registry, make_descriptor())
+    for _ in range(3):
+        assert [d.name for d in registry.live()] == ["alpha"]
+    assert len(reads) == 3
