@@ -7,7 +7,11 @@ with fsync before answering). Baseline, measured in the same run: one raw unix-s
 round trip in which the server appends the line to a file and fsyncs before answering —
 the floor for any durable, acknowledged local hand-off.
 
-Prints one JSON line per figure. Usage: ``python bench/deliver.py [--n 300]``.
+Timing starts ``--settle`` seconds (2.5) after the agents start: a session sends for hours, and
+the registry keeps the parse of a descriptor only once the file has settled (ADR 0039), so
+the first seconds of an agent's life are not its steady state.
+
+Prints one JSON line per figure. Usage: ``python bench/deliver.py [--n 300] [--settle 2.5]``.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ async def uds_send(uds_path: str, token: str, text: str) -> dict[str, object]:
     return ack  # type: ignore[no-any-return]
 
 
-async def main(n: int) -> None:
+async def main(n: int, settle: float) -> None:
     with tempfile.TemporaryDirectory(prefix="ct-bench-", dir="/tmp") as d:
         tmp = Path(d)
         emit(**{"figure": "baseline_raw_uds_write_fsync",
@@ -104,6 +108,7 @@ async def main(n: int) -> None:
         b = Agent(reg, AgentSpec(sink, "bench-b", "/b", "receiver"), env=env)
         await a.start()
         await b.start()
+        await asyncio.sleep(settle)  # steady state: the registry's descriptors settled
         try:
             assert b.uds is not None
             uds_path, token = str(b.uds.path), b.uds.key_path.read_text().strip()
@@ -140,5 +145,7 @@ def _stats(lat: list[float]) -> dict[str, object]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--settle", type=float, default=2.5,
+                    help="seconds between the agents' start and the first timed send")
     args = ap.parse_args()
-    asyncio.run(main(args.n))
+    asyncio.run(main(args.n, args.settle))
