@@ -27,11 +27,13 @@ from typing import Generic, TypeVar
 
 import httpx
 
+from crosstalk.a2a.pool import SlotPool
+
 #: Seconds a pooled connection may sit idle before the client closes it instead of reusing it:
 #: clearly below the A2A listener's keep-alive timeout (uvicorn's ``timeout_keep_alive``,
 #: 5 s), so the client, never the server, ends an idle connection.
 KEEPALIVE_EXPIRY = 2.0
-#: What httpx's pool allows by default, spelt out because :data:`KEEPALIVE_EXPIRY` is set.
+#: What httpx's pool allows by default: connections, and idle ones kept, per client.
 _MAX_CONNECTIONS = 100
 _MAX_KEEPALIVE_CONNECTIONS = 20
 CONNECT_TIMEOUT = 5.0
@@ -138,15 +140,21 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def new_transport() -> httpx.AsyncBaseTransport:
-    """An HTTP transport for peers: Nagle off (a POST goes out as headers then body, and with
+    """An HTTP transport for peers: a pool whose cost per request is flat
+    (:mod:`crosstalk.a2a.pool`), Nagle off (a POST goes out as headers then body, and with
     Nagle the body waits ~40 ms for the server's delayed ACK on loopback, measured), the TLS
     context built once, idle connections dropped before the server drops them, and failures
     before any response told apart."""
-    limits = httpx.Limits(max_connections=_MAX_CONNECTIONS,
-                          max_keepalive_connections=_MAX_KEEPALIVE_CONNECTIONS,
+    return _NoticesNoResponse(SlotPool(_one_connection, max_connections=_MAX_CONNECTIONS,
+                                       max_idle=_MAX_KEEPALIVE_CONNECTIONS))
+
+
+def _one_connection() -> httpx.AsyncBaseTransport:
+    """A slot of :class:`~crosstalk.a2a.pool.SlotPool`: httpx's transport over one connection."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1,
                           keepalive_expiry=KEEPALIVE_EXPIRY)
-    return _NoticesNoResponse(httpx.AsyncHTTPTransport(
-        socket_options=_NODELAY, verify=_tls_context(), limits=limits))
+    return httpx.AsyncHTTPTransport(socket_options=_NODELAY, verify=_tls_context(),
+                                    limits=limits)
 
 
 def new_http_client(timeout: float = 30.0) -> httpx.AsyncClient:
