@@ -11,6 +11,7 @@ import json
 import os
 import zlib
 from collections.abc import Iterator, Mapping
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import orjson
@@ -129,6 +130,50 @@ def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
     except (orjson.JSONDecodeError, IndexError):  # IndexError: a line shorter than 3 bytes
         pass
     return len(out) - before
+
+
+# decode_batch's per-line steps, each a C call that map() runs without a bytecode a line: the
+# head, the body, the closing byte (a 1-byte slice, so b"" for an empty line, never an error),
+# and the byte that tells a continuing write's line, which picks the CRC's seed and the head.
+_head_of = itemgetter(slice(0, _HEAD_LEN))
+_body_of = itemgetter(slice(_HEAD_LEN, -1))
+_last_of = itemgetter(slice(-1, None))
+_mark_of = itemgetter(2)
+_SEED = [0] * 256
+_SEED[MORE_BYTE] = _MORE_CRC
+_HEAD = [_HEAD_ONE] * 256  # a line whose byte 2 is neither b nor c then fails on that byte
+_HEAD[MORE_BYTE] = _HEAD_MORE
+_CLOSED = [b"}"]
+_DICT = [dict]
+
+
+def decode_batch(lines: list[bytes], out: list[dict[str, Any]]) -> bool:
+    """Decode every line onto ``out`` if all are intact; else add nothing and say so.
+
+    The same test a line as :func:`decode_intact` (the head as written for the body's CRC, the
+    closing brace, a body orjson reads as an object), done a step at a time over the whole
+    list with ``map`` and one list compare a step: a 100k-line replay spent a quarter of its
+    time in that loop's bytecode. All or nothing, because a failed step does not say which
+    line failed: the caller then walks the lines with :func:`decode_intact`, which does.
+    """
+    n = len(lines)
+    try:
+        if list(map(_last_of, lines)) != _CLOSED * n:
+            return False
+        bodies = list(map(_body_of, lines))
+        marks = list(map(_mark_of, lines))  # IndexError: a line shorter than 3 bytes
+        crcs = tuple(map(zlib.crc32, bodies, map(_SEED.__getitem__, marks)))
+        # Every head at once: one format of all the CRCs (a %08x a line) against the heads
+        # joined, a third of the cost of a format and a compare a line.
+        if b"".join(map(_head_of, lines)) != b"".join(map(_HEAD.__getitem__, marks)) % crcs:
+            return False
+        records = list(map(orjson.loads, bodies))
+    except (orjson.JSONDecodeError, IndexError):
+        return False
+    if list(map(type, records)) != _DICT * n:
+        return False
+    out.extend(records)
+    return True
 
 
 class Line(NamedTuple):
