@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import zlib
+from binascii import hexlify
 from collections.abc import Iterator, Mapping
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import orjson
 
 from crosstalk.store.jsonload import loads
+
+try:
+    # ISA-L's CRC-32 (PCLMUL folding): the same values as zlib.crc32, ~4x as fast over a
+    # journal line; a replay spent a tenth of its time in zlib's (ADR 0041). Only the reads use
+    # it: the writer's CRC is one a line, beside a json.dumps and an fsync.
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # a platform isal has no wheel for: the stdlib's, same values
+    _crc32 = zlib.crc32
 
 _PREFIX = b'{"c":"'
 # The head of every line of an append_batch write except its last: "this write continues".
@@ -47,9 +58,9 @@ def decode_line(line: bytes) -> dict[str, Any] | str:
     if len(line) >= _HEAD_LEN + 3 and line.endswith(b"}") and line.startswith(_MIDDLE, _CRC_END):
         body = line[_HEAD_LEN:-1]
         if line.startswith(_PREFIX):
-            crc = zlib.crc32(body)
+            crc = _crc32(body)
         elif line.startswith(_MORE):
-            crc = zlib.crc32(body, _MORE_CRC)
+            crc = _crc32(body, _MORE_CRC)
         else:
             return "framing"
         if line.startswith(b"%08x" % crc, _HEAD_START):
@@ -75,7 +86,7 @@ def _decode_checked(line: bytes) -> dict[str, Any] | str:
     if crc_field.strip(b"0123456789abcdef"):
         return "framing"
     body = line[_HEAD_LEN:-1]
-    if zlib.crc32(body, _MORE_CRC if more else 0) != int(crc_field, 16):
+    if _crc32(body, _MORE_CRC if more else 0) != int(crc_field, 16):
         return "checksum"
     try:
         record = loads(body)
@@ -110,7 +121,7 @@ def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
     """
     append = out.append
     before = len(out)
-    crc32 = zlib.crc32
+    crc32 = _crc32
     load = orjson.loads
     try:
         for raw in lines:
@@ -129,6 +140,61 @@ def decode_intact(lines: Iterator[bytes], out: list[dict[str, Any]]) -> int:
     except (orjson.JSONDecodeError, IndexError):  # IndexError: a line shorter than 3 bytes
         pass
     return len(out) - before
+
+
+# decode_batch's per-line steps, each a C call that map() runs without a bytecode a line: the
+# head, the body and the closing byte (a 1-byte slice: b"" for an empty line, never an error).
+_head_of = itemgetter(slice(0, _HEAD_LEN))
+_body_of = itemgetter(slice(_HEAD_LEN, -1))
+_last_of = itemgetter(slice(-1, None))
+#: The CRC's seed, by a line's byte 2 (b: the CRC covers the marker too).
+_SEED = [0] * 256
+_SEED[MORE_BYTE] = _MORE_CRC
+#: The columns of the heads joined (20 bytes a line) that hold the same byte on every line.
+_FIXED = [(i, bytes([byte])) for i, byte in enumerate(_PREFIX + bytes(8) + _MIDDLE)
+          if i != 2 and not _HEAD_START <= i < _CRC_END]
+_DICT = [dict]
+
+
+def decode_batch(lines: list[bytes], out: list[dict[str, Any]]) -> bool:
+    """Decode every line onto ``out`` if all are intact; else add nothing and say so.
+
+    The same test a line as :func:`decode_intact` (the head as written for the body's CRC, the
+    closing brace, a body orjson reads as an object), done a step at a time over the whole
+    list: ``map`` for what each line needs on its own (slices, crc32, ``orjson.loads``), and
+    for the heads one string of them all, checked a column at a time with strided slices
+    (the marker byte, the fixed bytes, each hex digit of the CRC field against the CRCs
+    hexed at once). A 100k-line replay spent a quarter of its time in the one-line loop's
+    bytecode and a tenth in formatting a head a line. All or nothing, because a failed
+    step does not say which line failed: the caller then walks the lines with
+    :func:`decode_intact`, which does.
+    """
+    n = len(lines)
+    heads = b"".join(map(_head_of, lines))
+    # A line shorter than a head would shift every column after it: no line is.
+    if len(heads) != _HEAD_LEN * n or b"".join(map(_last_of, lines)) != b"}" * n:
+        return False
+    marks = heads[2::_HEAD_LEN]
+    if marks.translate(None, b"bc"):  # every marker is b or c (it picked the seed below)
+        return False
+    for column, byte in _FIXED:
+        if heads[column::_HEAD_LEN] != byte * n:
+            return False
+    bodies = list(map(_body_of, lines))
+    # Big-endian, so each CRC hexes to its field's 8 digits, lowercase, as encode_line wrote.
+    crcs = map(_crc32, bodies, map(_SEED.__getitem__, marks))
+    hexed = hexlify(struct.pack(f">{n}I", *crcs))
+    for digit in range(8):
+        if heads[_HEAD_START + digit::_HEAD_LEN] != hexed[digit::8]:
+            return False
+    try:
+        records = list(map(orjson.loads, bodies))
+    except orjson.JSONDecodeError:
+        return False
+    if list(map(type, records)) != _DICT * n:
+        return False
+    out.extend(records)
+    return True
 
 
 class Line(NamedTuple):

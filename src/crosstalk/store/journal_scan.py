@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import repeat
 from typing import Any
 
 from crosstalk.store.journal_format import (
     MORE_BYTE,
     READ_CHUNK,
+    decode_batch,
     decode_intact,
     decode_line,
     read_chunks,
@@ -80,6 +81,24 @@ class _Writes:
             self.held += j - k - 1
         return end
 
+    def walk(self, lines: list[bytes], i: int, stop: int, offset: int, *, max_line: int,
+             damage: list[Damage] | None) -> int:
+        """Account for ``lines[i:stop]``, some not intact; return the offset past them.
+
+        One iterator serves the whole run, so a run of many damaged lines costs a call each,
+        not a copy of the rest of the run each."""
+        rest = iter(lines[i:stop])
+        while i < stop:
+            j = i + decode_intact(rest, self.records)
+            if j > i:
+                offset, i = self.run(lines, i, j, offset), j
+            if i < stop:  # decode_intact stopped at lines[i] (and took it): not intact
+                raw = lines[i]
+                self.one(offset, raw if len(raw) <= max_line else None, len(raw), damage)
+                offset += len(raw) + 1
+                i += 1
+        return offset
+
     def hand_on(self, keep: list[dict[str, Any]] | None, each: RecordSink | None,
                 seq: int) -> int:
         """Hand on every record but the held ones; the highest seq among all handed on."""
@@ -122,17 +141,14 @@ def scan_writes(fd: int, start: int, size: int, max_line: int, *, seq: int,
         off = at
         writes.one(first.offset, first.raw, first.end - first.offset, damage)
         if lines and (max_line >= chunk_size or max(map(len, lines)) <= max_line):
-            i, n, rest = 0, len(lines), iter(lines)
-            while i < n:
-                taken = decode_intact(islice(rest, step), writes.records)
-                j = i + taken
-                if j > i:
-                    off, i = writes.run(lines, i, j, off), j
-                if taken < step and i < n:  # decode_intact stopped at lines[i]: not intact
-                    raw = lines[i]
-                    writes.one(off, raw if len(raw) <= max_line else None, len(raw), damage)
-                    off += len(raw) + 1
-                    i += 1
+            for i in range(0, len(lines), step):
+                stop = min(i + step, len(lines))
+                batch = lines[i:stop] if i or stop < len(lines) else lines
+                if decode_batch(batch, writes.records):
+                    off = writes.run(lines, i, stop, off)
+                else:  # a line in it is not intact: walk them, each damaged line named
+                    off = writes.walk(lines, i, stop, off, max_line=max_line,
+                                      damage=damage)
                 if each is not None:
                     seq = writes.hand_on(keep, each, seq)
         else:
