@@ -429,43 +429,47 @@ def test_credential_rotates(registry: Registry, registrations: list[Registration
     assert _mode(path) == 0o600
 
 
-def test_a_token_is_verified_on_every_lookup_though_its_agent_is_remembered(
+def test_a_token_is_verified_even_for_the_agent_it_is_hinted_at(
     registry: Registry, registrations: list[Registration]
 ) -> None:
-    for i in range(4):  # others first in name order: a scan would read their credentials
-        register_agent(registry, f"other-{i}", f"aa-other-{i}", cwd=CWD, into=registrations)
+    others = [register_agent(registry, f"other-{i}", f"aa-other-{i}", cwd=CWD,
+                             into=registrations) for i in range(4)]
     reg = register_agent(registry, "bearer", "zz-bearer", cwd=CWD, into=registrations)
     first = reg.token
     assert first is not None
     found = registry.agent_for_token(first)
     assert found is not None
     assert found.agent_id == reg.agent_id
-    again = registry.agent_for_token(first)  # the remembered agent, read and checked again
+    again = registry.agent_for_token(first, hint=reg.agent_id)  # read and checked again
     assert again is not None
     assert again.agent_id == reg.agent_id
-    reg.issue_credential()  # rotated: the remembered agent no longer holds the old token
-    assert registry.agent_for_token(first) is None
+    wrong = registry.agent_for_token(first, hint=others[0].agent_id)  # a stale hint: the scan
+    assert wrong is not None
+    assert wrong.agent_id == reg.agent_id
+    assert registry.agent_for_token(first, hint="not-an-agent-id") is not None
+    reg.issue_credential()  # rotated: the hinted agent no longer holds the old token
+    assert registry.agent_for_token(first, hint=reg.agent_id) is None
     assert reg.token is not None
-    now = registry.agent_for_token(reg.token)
+    now = registry.agent_for_token(reg.token, hint=reg.agent_id)
     assert now is not None
     assert now.agent_id == reg.agent_id
-    reg.close()  # gone: its token names nobody, remembered or not
-    assert registry.agent_for_token(reg.token) is None
-    assert registry.agent_for_token("not-a-token") is None
+    reg.close()  # gone: its token names nobody, hinted or not
+    assert registry.agent_for_token(reg.token, hint=reg.agent_id) is None
+    assert registry.agent_for_token("not-a-token", hint=reg.agent_id) is None
 
 
-def test_a_remembered_token_owner_whose_process_died_is_not_live(
+def test_a_hinted_token_owner_whose_process_died_is_not_live(
     registry: Registry, registrations: list[Registration], dead_process: tuple[int, str]
 ) -> None:
     reg = register_agent(registry, "mortal", "mortal", cwd=CWD, into=registrations)
     assert reg.token is not None
-    assert registry.agent_for_token(reg.token) is not None
+    assert registry.agent_for_token(reg.token, hint=reg.agent_id) is not None
     desc = registry.live_descriptor(reg.agent_id)
     assert desc is not None
     pid, started = dead_process
     write_atomic(registry.descriptor_path(reg.agent_id),
                  replace(desc, pid=pid, started_at=started).to_json())
-    assert registry.agent_for_token(reg.token) is None
+    assert registry.agent_for_token(reg.token, hint=reg.agent_id) is None
 
 
 def test_registry_tightens_loose_directories(home: Path) -> None:

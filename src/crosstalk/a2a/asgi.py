@@ -89,8 +89,9 @@ Authenticate = Callable[[Sequence[str]], Sender | None]
 class BearerTokens:
     """Maps a bearer token to the one live registered agent it belongs to (seed §5).
 
-    A verified token is cached for a second (the registry lookup reads descriptors from disk);
-    the cache is keyed by the token's hash, never the token.
+    A verified token is cached for a second (the registry lookup reads descriptors from disk),
+    then verified again, its agent first; the cache is keyed by the token's hash, never the
+    token.
     """
 
     def __init__(self, registry: Registry) -> None:
@@ -111,8 +112,10 @@ class BearerTokens:
         if cached is not None and cached[0] > now:
             desc: Descriptor | None = cached[1]
         else:
+            # An expired entry still names the agent to verify first (Registry.agent_for_token).
+            hint = cached[1].agent_id if cached is not None else None
             try:
-                desc = self.registry.agent_for_token(token)
+                desc = self.registry.agent_for_token(token, hint=hint)
             except (OSError, ValueError):
                 desc = None
             if desc is None:

@@ -31,7 +31,6 @@ Why it is shaped like this (seed §3, F8, C7):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import os
 import stat
@@ -104,7 +103,6 @@ class Registry:
         self.names_dir = ensure_private_dir(home / "names")
         self.credentials_dir = ensure_private_dir(home / "credentials")
         self._seen: dict[str, _Seen] = {}
-        self._token_owner: dict[bytes, str] = {}
 
     @classmethod
     def reader(cls, home: Path) -> Registry:
@@ -113,7 +111,7 @@ class Registry:
         reg = cls.__new__(cls)
         reg.home, reg.agents_dir = home, home / "agents"
         reg.names_dir, reg.credentials_dir = home / "names", home / "credentials"
-        reg._seen, reg._token_owner = {}, {}
+        reg._seen = {}
         return reg
 
     # -- paths ---------------------------------------------------------------------------
@@ -265,32 +263,24 @@ class Registry:
         """Live descriptors whose name or agent_id is ``name_or_id`` (several = ambiguous)."""
         return list(self._live_where(lambda d: name_or_id in (d.name, d.agent_id)))
 
-    def agent_for_token(self, token: str) -> Descriptor | None:
+    def agent_for_token(self, token: str, *, hint: str | None = None) -> Descriptor | None:
         """The live agent whose bearer token this is (A2A sender identity), else ``None``.
 
         Only credential files inside our own credentials directory count: a descriptor cannot
-        point us at some other file and have its contents taken as a token.
+        point us at some other file and have its contents taken as a token. ``hint``: the
+        agent_id the token named last time (a caller's cache), tried before the scan.
         """
         if not token:
             return None
         presented = token.encode()
-        # The agent this token was last found for is tried first, and verified like any
-        # other: one descriptor and one credential read, where a scan reads every agent's
-        # credential up to the match (~8 files a request among 16 agents, profiled). Keyed
-        # by the token's hash, never the token.
-        digest = hashlib.sha256(presented).digest()
-        known = self._token_owner.get(digest)
-        if known is not None:
-            desc = self.live_descriptor(known)
+        if hint is not None:
+            # Tried first, and verified like any other: one descriptor and one credential
+            # read, where a scan reads every agent's credential up to the match (~8 files a
+            # request among 16 agents, profiled).
+            desc = self.live_descriptor(hint)
             if desc is not None and self._holds_token(desc, presented):
                 return desc
-            del self._token_owner[digest]
-        found = next(self._live_where(lambda d: self._holds_token(d, presented)), None)
-        if found is not None:
-            if len(self._token_owner) >= _TOKEN_OWNERS:
-                self._token_owner.clear()
-            self._token_owner[digest] = found.agent_id
-        return found
+        return next(self._live_where(lambda d: self._holds_token(d, presented)), None)
 
     def _holds_token(self, d: Descriptor, presented: bytes) -> bool:
         path = self.credential_path(d.agent_id)
@@ -382,8 +372,6 @@ class Registry:
 #: How old a descriptor file's last change must be before its parse is kept: past any
 #: filesystem's timestamp granularity (2 s on the coarsest), so a later write changes it.
 _SETTLED_NS = 2_000_000_000
-#: Tokens whose agent :meth:`Registry.agent_for_token` remembers (then it starts over).
-_TOKEN_OWNERS = 256
 
 
 class _Seen(NamedTuple):
