@@ -17,6 +17,7 @@ import pytest
 
 from crosstalk.a2a.pool import SlotPool
 from crosstalk.a2a.transport import new_transport
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -75,12 +76,13 @@ def pool(max_connections: int = 100, max_idle: int = 20) -> SlotPool:
     return SlotPool(slot, max_connections=max_connections, max_idle=max_idle)
 
 
-async def until(predicate: object, what: str) -> None:
-    for _ in range(500):
-        if callable(predicate) and predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
+async def held_at(server: Server, client: httpx.AsyncClient,
+                  url: str) -> asyncio.Future[httpx.Response]:
+    """A request sent and waiting at the server, which holds its answers from now on."""
+    server.go.clear()
+    sent = asyncio.ensure_future(client.get(url))
+    await eventually(lambda: server.in_flight == 1, what="the request at the server")
+    return sent
 
 
 async def test_concurrent_rounds_reuse_one_connection_per_request_in_flight() -> None:
@@ -97,7 +99,7 @@ async def test_no_more_connections_than_the_limit_and_every_request_is_answered(
         url = f"http://127.0.0.1:{server.port}/"
         server.go.clear()
         sends = [asyncio.ensure_future(client.get(url)) for _ in range(5)]
-        await until(lambda: server.in_flight == 2, "two requests at the server")
+        await eventually(lambda: server.in_flight == 2, what="two requests at the server")
         await asyncio.sleep(0.05)  # a third would have arrived by now
         assert server.in_flight == 2
         server.go.set()
@@ -110,9 +112,7 @@ async def test_no_more_connections_than_the_limit_and_every_request_is_answered(
 async def test_a_request_that_waits_past_its_pool_timeout_gets_pool_timeout() -> None:
     async with serving() as server, httpx.AsyncClient(transport=pool(1)) as client:
         url = f"http://127.0.0.1:{server.port}/"
-        server.go.clear()
-        first = asyncio.ensure_future(client.get(url))
-        await until(lambda: server.in_flight == 1, "the first request at the server")
+        first = await held_at(server, client, url)
         with pytest.raises(httpx.PoolTimeout):
             await client.get(url, timeout=httpx.Timeout(5.0, pool=0.05))
         server.go.set()
@@ -124,9 +124,7 @@ async def test_a_request_that_waits_past_its_pool_timeout_gets_pool_timeout() ->
 async def test_a_cancelled_waiter_passes_its_turn_to_the_next() -> None:
     async with serving() as server, httpx.AsyncClient(transport=pool(1)) as client:
         url = f"http://127.0.0.1:{server.port}/"
-        server.go.clear()
-        first = asyncio.ensure_future(client.get(url))
-        await until(lambda: server.in_flight == 1, "the first request at the server")
+        first = await held_at(server, client, url)
         second = asyncio.ensure_future(client.get(url))
         third = asyncio.ensure_future(client.get(url))
         await asyncio.sleep(0.02)
@@ -143,7 +141,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
         assert (await client.get(url)).text == "ok"
         for writer in server.writers:
             writer.close()
-        await until(lambda: server.open == 0, "the server closed its end")
+        await eventually(lambda: server.open == 0, what="the server closed its end")
         assert (await client.get(url)).text == "ok"
         assert server.accepted == 2
 
@@ -152,7 +150,7 @@ async def test_idle_connections_beyond_max_idle_are_closed() -> None:
     async with serving() as server, httpx.AsyncClient(transport=pool(max_idle=3)) as client:
         url = f"http://127.0.0.1:{server.port}/"
         await asyncio.gather(*(client.get(url) for _ in range(8)))
-        await until(lambda: server.open == 3, "only max_idle connections kept open")
+        await eventually(lambda: server.open == 3, what="only max_idle connections kept open")
         assert server.accepted == 8
 
 
@@ -161,7 +159,7 @@ async def test_a_full_pool_gives_up_another_origins_idle_connection() -> None:
     async with serving() as a, serving() as b, httpx.AsyncClient(transport=one) as client:
         assert (await client.get(f"http://127.0.0.1:{a.port}/")).text == "ok"
         assert (await client.get(f"http://127.0.0.1:{b.port}/")).text == "ok"
-        await until(lambda: a.open == 0, "the first origin's connection closed")
+        await eventually(lambda: a.open == 0, what="the first origin's connection closed")
         assert b.open == 1
 
 
@@ -171,9 +169,7 @@ async def test_closing_the_pool_closes_its_connections_and_fails_waiters() -> No
         client = httpx.AsyncClient(transport=transport)
         url = f"http://127.0.0.1:{server.port}/"
         assert (await client.get(url)).text == "ok"
-        server.go.clear()
-        held = asyncio.ensure_future(client.get(url))
-        await until(lambda: server.in_flight == 1, "a request in flight")
+        held = await held_at(server, client, url)
         waiting = asyncio.ensure_future(client.get(url))
         await asyncio.sleep(0.02)
         await transport.aclose()
@@ -181,6 +177,6 @@ async def test_closing_the_pool_closes_its_connections_and_fails_waiters() -> No
             await waiting
         server.go.set()
         assert (await held).text == "ok"  # the one in flight finishes, then its slot closes
-        await until(lambda: server.open == 0, "every connection closed")
+        await eventually(lambda: server.open == 0, what="every connection closed")
         with pytest.raises(httpx.ConnectError):
             await client.get(url)

@@ -25,6 +25,7 @@ from crosstalk.store.journal import Journal
 from crosstalk.store.journal_errors import JournalError
 from crosstalk.store.journal_format import decode_batch, decode_intact, decode_line, encode_line
 from crosstalk.store.journal_read import read_journal
+from tests.support.values import same
 
 _MORE = b'{"b":"'
 
@@ -84,19 +85,6 @@ def test_the_crc_reads_use_gives_zlibs_values() -> None:
     for data in (b"", b"x", b'{"a":1}' * 100, bytes(range(256)) * 9):
         for seed in (0, zlib.crc32(_MORE), 0xFFFFFFFF):
             assert journal_format._crc32(data, seed) == zlib.crc32(data, seed)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal, with types, and NaN equal to NaN."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return (math.isnan(a) and math.isnan(b)) or a == b
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
 
 
 #: Lines another writer (or an older version) may have left: what json reads each as, or the

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import re
 import threading
 import zlib
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from crosstalk.store import collector
 from crosstalk.store.journal_format import decode_line
 from crosstalk.store.jsonload import loads
+from tests.support.values import same
 
 LONE = ["\ud800", "\udbff", "\udc00", "\udfff", "\ud83d"]
 text = st.lists(st.one_of(st.characters(), st.sampled_from(LONE), st.just("\x00")),
@@ -29,19 +29,6 @@ values = st.recursive(
               st.floats(allow_nan=True, allow_infinity=True)),
     lambda inner: st.one_of(st.lists(inner, max_size=4),
                             st.dictionaries(text, inner, max_size=4)), max_leaves=12)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal, with types (1 is not 1.0 or True) and NaN equal to NaN."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return (math.isnan(a) and math.isnan(b)) or a == b
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return bool(a == b)
 
 
 def reference(data: bytes) -> Any:
