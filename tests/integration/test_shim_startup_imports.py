@@ -64,7 +64,13 @@ def _modules_after(env: dict[str, str], tmp_path: Path, calls: list[dict[str, An
     """Start the shim, initialize, list tools, make ``calls`` (their results appended to
     ``results``), close stdin; its sys.modules."""
     out = tmp_path / "modules.json"
-    proc = subprocess.Popen([sys.executable, "-c", PROBE, str(out)], env=env,
+    _run_probe(PROBE, out, env, calls, results)
+    return set(json.loads(out.read_text()))
+
+
+def _run_probe(probe: str, out: Path, env: dict[str, str], calls: list[dict[str, Any]],
+               results: list[dict[str, Any]] | None) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", probe, str(out)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None
     assert proc.stdout is not None
@@ -93,7 +99,6 @@ def _modules_after(env: dict[str, str], tmp_path: Path, calls: list[dict[str, An
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return set(json.loads(out.read_text()))
 
 
 def _loaded(modules: set[str], name: str) -> bool:
@@ -103,8 +108,46 @@ def _loaded(modules: set[str], name: str) -> bool:
 def test_first_tools_list_imports_no_heavy_module(world: dict[str, str],
                                                   tmp_path: Path) -> None:
     modules = _modules_after(world, tmp_path, [])
-    assert "crosstalk.shim.tools" in modules  # the probe saw the shim itself
+    assert "crosstalk.shim.catalog" in modules  # the probe saw the shim itself
     assert [h for h in HEAVY if _loaded(modules, h)] == []
+
+
+#: Built after the first tools/list answer (ADR 0043): the roster, the tools, the registry and
+#: every harness plugin.
+BUILT_LATER = ("crosstalk.shim.build", "crosstalk.shim.roster", "crosstalk.shim.tools",
+               "crosstalk.directory", "crosstalk.store.registry", "crosstalk.harness.loader",
+               "crosstalk.harness.claude", "crosstalk.harness.codex")
+
+#: The shim, with sys.modules noted each time a build is scheduled (at serving start and as
+#: tools/list is answered) and at exit.
+SCHEDULE_PROBE = """
+import atexit, json, sys
+from crosstalk.shim.serve import ShimBuild
+seen = []
+start_soon = ShimBuild.start_soon
+def noting(self, *args):
+    seen.append(sorted(k for k, v in sys.modules.items() if v is not None))
+    start_soon(self, *args)
+ShimBuild.start_soon = noting
+def dump() -> None:
+    with open(sys.argv[1], "w") as f:
+        json.dump(seen, f)
+atexit.register(dump)
+from crosstalk.cli import main
+sys.exit(main(["mcp"]))
+"""
+
+
+def test_the_shim_is_built_after_the_tools_list_answer(world: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    out = tmp_path / "scheduled.json"
+    call = {"name": "receive_message", "arguments": {}, "_meta": {FAKE_SESSION_META: "s1"}}
+    results: list[dict[str, Any]] = []
+    _run_probe(SCHEDULE_PROBE, out, world, [call], results)
+    scheduled = [set(m) for m in json.loads(out.read_text())]
+    assert len(scheduled) == 2  # at serving start, and as tools/list was answered
+    assert [[m for m in BUILT_LATER if _loaded(s, m)] for s in scheduled] == [[], []]
+    assert "entries" in results[0]  # and the call is served by the build
 
 
 def test_a_bound_call_loads_the_agent_stack(world: dict[str, str], tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crosstalk.harness.fake import FAKE_NAME_META, FAKE_SESSION_META, FakeIdentifier
+from crosstalk.shim.catalog import TOOL_NAMES
 from crosstalk.shim.roster import Shim
-from crosstalk.shim.tools import TOOL_NAMES, Tools
+from crosstalk.shim.tools import Tools
 from crosstalk.store.registry import Registry
 
 KNOWN_ERRORS = {"invalid_arguments", "invalid_cursor", "unknown_tool", "unbound",

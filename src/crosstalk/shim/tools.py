@@ -1,4 +1,5 @@
-"""The seven tools, served over the official ``mcp`` SDK (the tool contract, design doc §5).
+"""The seven tools' implementation (the tool contract, design doc §5); their catalog and the
+MCP server that serves them are in :mod:`.catalog`.
 
 Names, arguments and result fields are a contract that tests outside the project rely on.
 Every result is JSON text plus ``structuredContent``. A call whose request carries no
@@ -15,14 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mcp import types
-from mcp.server import Server, ServerRequestContext
-from mcp.shared.exceptions import MCPError
 
-from crosstalk import __version__
 from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.harness.loader import by_name
+from crosstalk.shim.catalog import MAX_TEXT, TOOL_NAMES
 from crosstalk.shim.roster import Shim
 from crosstalk.store.registry import RegistryError, StatePathError
 
@@ -31,91 +30,6 @@ if TYPE_CHECKING:  # loaded with the first agent (ADR 0033): tools/list needs no
     from crosstalk.agent import Agent
 
 log = logging.getLogger(__name__)
-
-MAX_TEXT = 64 * 1024
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required,
-            "additionalProperties": False}
-
-
-_TO = {"type": "string", "minLength": 1,
-       "description": "An agent name or agent_id from list_agents."}
-_TEXT = {"type": "string", "minLength": 1, "description": "The message text."}
-
-TOOLS: list[types.Tool] = [
-    types.Tool(
-        name="list_agents",
-        description=("List the agent sessions on this machine you can message: name, harness, "
-                     "cwd, status, whether CrossTalk serves them and whether they are reachable. "
-                     "A session with crosstalk=false receives send_message informs only (it "
-                     "cannot answer an ask). Call it before messaging someone whose exact name "
-                     "you do not know; where names repeat, address one by its agent_id."),
-        input_schema=_schema({}, []),
-    ),
-    types.Tool(
-        name="send_message",
-        description=("Send a message to another agent session by name; it arrives inside that "
-                     "session. kind=inform (default) shares information; kind=command asks it to "
-                     "act and is only allowed where you have authority. delivery=next_turn "
-                     "waits for the session's next turn instead of interrupting it. No reply is "
-                     "expected; use ask when you need an answer."),
-        input_schema=_schema({
-            "to": _TO, "text": _TEXT,
-            "kind": {"type": "string", "enum": ["inform", "command"], "default": "inform"},
-            "delivery": {"type": "string", "enum": ["immediate", "next_turn"],
-                         "default": "immediate"},
-        }, ["to", "text"]),
-    ),
-    types.Tool(
-        name="ask",
-        description=("Ask another agent session a question. It returns once the question is "
-                     "delivered; the answer arrives later as a message in this session, marked "
-                     "in-reply-to this message_id. deadline_seconds=0 means no deadline."),
-        input_schema=_schema({
-            "to": _TO, "text": _TEXT,
-            "deadline_seconds": {"type": "integer", "minimum": 0, "maximum": 86400,
-                                 "default": 0},
-        }, ["to", "text"]),
-    ),
-    types.Tool(
-        name="reply",
-        description=("Answer a message you received, naming its message_id (shown in the "
-                     "[crosstalk message-id=…] line). Use this, not a native SendMessage, to "
-                     "answer an ask: only reply routes the answer back to the asker."),
-        input_schema=_schema({"message_id": {"type": "string", "minLength": 1}, "text": _TEXT},
-                             ["message_id", "text"]),
-    ),
-    types.Tool(
-        name="receive_message",
-        description=("Read this session's CrossTalk mailbox: messages that reached it (or "
-                     "failed to), newest changes last, with a cursor to page on. Use it to find "
-                     "a message_id to reply to, or to see what you may have missed."),
-        input_schema=_schema({
-            "state": {"type": "string", "description": "Only entries in this state."},
-            "after": {"type": "string", "description": "The next_cursor of a previous call."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-        }, []),
-    ),
-    types.Tool(
-        name="claim",
-        description=("Claim an unclaimed agent as your subagent: you become its owner, only "
-                     "you may send it commands, and it is told. Only a primary may claim; "
-                     "an agent never claims itself or one that another agent owns."),
-        input_schema=_schema({"name": _TO}, ["name"]),
-    ),
-    types.Tool(
-        name="release",
-        description=("Release an agent you own; it becomes a primary again and is told. Only "
-                     "its owner may release it."),
-        input_schema=_schema({"name": _TO}, ["name"]),
-    ),
-]
-TOOL_NAMES = {t.name for t in TOOLS}
-#: JSON-RPC "invalid params": the MCP spec's answer to ``tools/call`` of an unknown tool.
-INVALID_PARAMS = -32602
-
 
 class ToolError(Exception):
     """A tool call that fails with a stable reason (and optional hint) for the model."""
@@ -400,28 +314,3 @@ def _native_hint(target: Entry, *, refused: bool) -> str:
 
 def _str_keys(args: Mapping[str, Any]) -> list[str]:
     return [k for k in args if isinstance(k, str)]
-
-
-def build_server(tools: Tools) -> Server[Any]:
-    async def on_list_tools(ctx: ServerRequestContext[Any, Any],
-                            params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
-
-    async def on_call_tool(ctx: ServerRequestContext[Any, Any],
-                           params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name not in TOOL_NAMES:
-            # A protocol error, not a tool result: the MCP spec lists unknown tools among
-            # protocol errors (-32602); ``isError`` means a tool ran and refused, and generic
-            # clients (MCP Inspector) show the two differently. Checked before identity, so
-            # an unbound call gets the same answer.
-            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}",
-                           data={"tools": sorted(TOOL_NAMES)})
-        meta: Mapping[str, Any] | None = ctx.meta if ctx.meta is not None else None
-        return await tools.call(params.name, params.arguments, meta)
-
-    return Server("crosstalk", version=__version__,
-                  instructions=("CrossTalk: message other AI coding-agent sessions on this "
-                                "machine by name (list_agents, send_message, ask, reply, "
-                                "receive_message, claim, release)."),
-                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
-
