@@ -105,14 +105,20 @@ INVALID_PARAMS = -32602
 
 
 
-def _unavailable(exc: Exception) -> types.CallToolResult:
-    """A tool result the model can read, not the SDK's bare "Internal server error"."""
-    data = {"error": "shim_unavailable",
-            "hint": f"CrossTalk could not start in this session ({type(exc).__name__}: {exc}); "
-                    "`crosstalk doctor` says more"}
+def tool_result(payload: Mapping[str, Any], *, error: bool = False) -> types.CallToolResult:
+    """Every tool's result: JSON text plus ``structuredContent``, ``None`` fields left out."""
+    data = {k: v for k, v in payload.items() if v is not None}
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(data, sort_keys=True))],
-        structured_content=data, is_error=True)
+        structured_content=data, is_error=error)
+
+
+def _unavailable(exc: Exception) -> types.CallToolResult:
+    """A tool result the model can read, not the SDK's bare "Internal server error"."""
+    return tool_result({"error": "shim_unavailable",
+                        "hint": f"CrossTalk could not start in this session "
+                                f"({type(exc).__name__}: {exc}); `crosstalk doctor` says more"},
+                       error=True)
 
 
 class Caller(Protocol):

@@ -10,7 +10,6 @@ evidence of a session is *unbound*: it may list agents, and every other tool ans
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from crosstalk.core.states import SEND_RESULTS, send_result_state
 from crosstalk.directory import Entry, Unresolved
 from crosstalk.harness.base import Identity
 from crosstalk.harness.loader import by_name
-from crosstalk.shim.catalog import MAX_TEXT, TOOL_NAMES
+from crosstalk.shim.catalog import MAX_TEXT, TOOL_NAMES, tool_result
 from crosstalk.shim.roster import Shim
 from crosstalk.store.registry import RegistryError, StatePathError
 
@@ -37,13 +36,6 @@ class ToolError(Exception):
     def __init__(self, reason: str, hint: str | None = None, **extra: Any) -> None:
         super().__init__(reason)
         self.reason, self.hint, self.extra = reason, hint, extra
-
-
-def _result(payload: Mapping[str, Any], *, error: bool = False) -> types.CallToolResult:
-    data = {k: v for k, v in payload.items() if v is not None}
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(data, sort_keys=True))],
-        structured_content=data, is_error=error)
 
 
 def _opt_str(args: Mapping[str, Any], key: str) -> str | None:
@@ -108,7 +100,7 @@ class Tools:
                 extra = _str_keys(args)
                 if extra:
                     raise ToolError("invalid_arguments", "list_agents takes no arguments")
-                return _result({"agents": await self.list_agents()})
+                return tool_result({"agents": await self.list_agents()})
             if found is None:
                 raise ToolError("unbound", "this call carries no evidence of which session "
                                 "made it; only list_agents is available")
@@ -122,16 +114,16 @@ class Tools:
             notice = self.shim.take_notice(identity)
             if notice:
                 payload["notice"] = notice
-            return _result(payload)
+            return tool_result(payload)
         except ToolError as exc:
-            return _result({"error": exc.reason, "hint": exc.hint, **exc.extra}, error=True)
+            return tool_result({"error": exc.reason, "hint": exc.hint, **exc.extra}, error=True)
         except Exception as exc:
             # Imported here: the receiver loads with the first agent, never at start.
             from crosstalk.receiver import ReceiverUnavailable
             if not isinstance(exc, ReceiverUnavailable):
                 raise
             log.exception("tool %s: journal unavailable", name)
-            return _result({"error": "journal_unavailable",
+            return tool_result({"error": "journal_unavailable",
                             "hint": "the message store refused a write; nothing was sent"},
                            error=True)
 
