@@ -378,6 +378,27 @@ def test_stamps_bind_only_under_opencode() -> None:
     assert sub.session_ref == "ses_abc123"  # a sub-agent's call is its root session's
 
 
+async def test_a_sub_agent_the_stream_has_not_shown_is_bound_to_its_root(
+        fake: FakeOpencode) -> None:
+    root = fake.add_session("root", emit=False)
+    child = fake.add_session(parent=root, emit=False)
+    grandchild = fake.add_session(parent=child, emit=False)
+    ident = HostedOpencodeIdentifier(env=env_of(fake), cwd=fake.directory, ppid=fake.pid)
+    # in a worker thread, as the roster asks it; nothing learned from the stream yet
+    got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": grandchild})
+    assert got is not None
+    assert got.session_ref == root
+    assert ident.sessions.children == {grandchild: child, child: root}
+    alone = fake.add_session("alone", emit=False)
+    got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": alone})
+    assert got is not None
+    assert got.session_ref == alone  # the host says it has no parent: its own
+    await fake.stop(unpublish=False)  # the host cannot answer: the call is still bound
+    got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": "ses_unseen1"})
+    assert got is not None
+    assert got.session_ref == "ses_unseen1"
+
+
 async def test_live_sessions_follow_the_event_stream(fake: FakeOpencode) -> None:
     stored = fake.add_session("stored before", emit=False)
     fake.sessions[stored]["time"]["updated"] = 1000  # before this process published

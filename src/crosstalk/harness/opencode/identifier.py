@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,6 +34,8 @@ from crosstalk.harness.opencode.sessions import SESSION_ID, LiveSet
 log = logging.getLogger(__name__)
 
 STAMP: Final = "_opencode"
+#: How many parents of a sub-agent session the shim asks its host for, at most.
+MAX_ANCESTRY: Final = 8
 #: After the host's stream failed or could not open: wait before the shim restarts it.
 RETRY_SECONDS: Final = 2.0
 
@@ -89,6 +91,8 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
     ppid: int = 0
     sessions: LiveSet = field(default_factory=LiveSet)
     harnesses: dict[str, OpencodeHarness] = field(default_factory=dict)
+    #: Stamped sessions the host said have no parent (not yet live by the stream).
+    _roots: set[str] = field(default_factory=set)
 
     def host(self) -> InstanceRecord:
         """The host instance's live record (:class:`RecordError` if it is gone or forged)."""
@@ -101,9 +105,33 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
         sid = stamp.get("sessionID")
         if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid):
             return None
+        if sid not in self.sessions.live and sid not in self.sessions.children \
+                and sid not in self._roots:
+            self._learn_ancestry(sid)
         root = self.sessions.root_of(sid)  # a sub-agent's call is its root session's
         return Identity(HARNESS, root, self.cwd, session_name=self.sessions.live.get(root),
                         harness_pid=self.ppid)
+
+    def _learn_ancestry(self, session_id: str) -> None:
+        """A session the event stream has not shown yet (a sub-agent's first call can
+        reach us before its ``session.created``): ask the host for its parents, so the
+        call is bound to its root and never makes the sub-agent an agent. In the roster's
+        worker thread (harness.base.ArgumentEvidence), so on a loop of its own. If the
+        host cannot answer, the call is bound to the stamped session as it stands: the
+        lookup never fails a call of our own host's session."""
+        try:
+            record = self.host()
+            parents = asyncio.run(_parents(
+                record.socket, self.env, session_id,
+                lambda sid: sid in self.sessions.live or sid in self.sessions.children))
+        except (RecordError, OpencodeError) as exc:
+            log.info("opencode host %d: parents of %s unknown (%s)", self.ppid, session_id,
+                     exc)
+            return
+        for child, parent in parents:
+            self.sessions.children.setdefault(child, parent)
+        if not parents:
+            self._roots.add(session_id)  # asked once: the stream names it live soon
 
     def harness_for(self, identity: Identity) -> Harness:
         harness = self.harnesses.get(identity.session_ref)
@@ -150,3 +178,22 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
         except (OpencodeError, StopAsyncIteration) as exc:
             log.info("opencode host %d: event stream ended (%s)", self.ppid, exc)
         await asyncio.sleep(RETRY_SECONDS)
+
+
+async def _parents(socket: str, env: Mapping[str, str], session_id: str,
+                   known: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """``(child, parent)`` from ``session_id`` up to its root, read from the host
+    (``GET /session/{id}``), up to a session already ``known``, at most
+    :data:`MAX_ANCESTRY` steps."""
+    links: list[tuple[str, str]] = []
+    async with Instance(socket, env=env) as api:
+        for _ in range(MAX_ANCESTRY):
+            info = await api.get(f"/session/{session_id}")
+            parent = info.get("parentID") if isinstance(info, dict) else None
+            if not isinstance(parent, str) or not SESSION_ID.fullmatch(parent):
+                break
+            links.append((session_id, parent))
+            session_id = parent
+            if known(parent):
+                break
+    return links
