@@ -21,7 +21,9 @@ every figure's baseline is measured in the same run:
   without CrossTalk (sleeping processes with real records, so liveness runs for real).
   Baseline: Claude discovery in this process.
 * ``shim_rss_8_agents``: VmRSS of one shim serving 8 agents. Baseline: the same shim right
-  after start (0 agents); the bare SDK server's VmRSS is reported beside it.
+  after start (0 agents); the bare SDK server's VmRSS is reported beside it. Then
+  ``shim_rss_8_agents_after_a2a_send``: the same shim once one of them has sent to another
+  (the A2A client side and the SDK's server stack loaded).
 
 Percentiles are nearest-rank (with few runs p99 is the maximum). Everything lives in a temp dir
 under /tmp; agents listen on 127.0.0.1 and unix sockets only. Progress goes to stderr.
@@ -362,6 +364,14 @@ async def bench_rss(tmp: Path, agents: int) -> None:
         served = [d for d in Registry(Path(env["CROSSTALK_HOME"])).live() if d.pid == pid]
         if len(served) != agents:
             raise RuntimeError(f"the shim serves {len(served)} agents, not {agents}")
+        # One message from one of them to another, over A2A: the client side and the SDK's
+        # server stack are loaded from then on (ADR 0034, ADR 0044).
+        sent = payload(await client.call_tool("send_message", {"to": "rss-1", "text": "x"},
+                                              meta=meta("r0", "rss-0")))
+        if sent.get("state") != "accepted":
+            raise RuntimeError(f"the send within the shim was not accepted: {sent}")
+        await asyncio.sleep(SETTLE_SECONDS)
+        talked = proc_status(pid)
     emit(figure="baseline_shim_rss_0_agents", rss_kb=zero["VmRSS"], hwm_kb=zero["VmHWM"],
          threads=zero["Threads"], fds=zero["fds"], bare_sdk_server_rss_kb=bare["VmRSS"],
          note="crosstalk mcp after its first tools/list answer, no agent yet")
@@ -373,6 +383,10 @@ async def bench_rss(tmp: Path, agents: int) -> None:
          per_agent_kb=round(per_agent, 1),
          first_agent_kb=one["VmRSS"] - zero["VmRSS"],
          per_further_agent_kb=None if rest is None else round(rest, 1))
+    emit(figure=f"shim_rss_{agents}_agents_after_a2a_send", agents=agents,
+         rss_kb=talked["VmRSS"], hwm_kb=talked["VmHWM"], baseline="baseline_shim_rss_0_agents",
+         baseline_rss_kb=zero["VmRSS"], over_8_agents_kb=talked["VmRSS"] - full["VmRSS"],
+         note="the same shim after one send_message between two of its agents (A2A)")
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:

@@ -11,8 +11,10 @@ imports that happen after start.
 
 An agent that has not sent needs only the server side: its client side (``agent.outbound``,
 the A2A client and transport, the card cache) loads with its first send, and httpx's command-
-line client (rich, pygments: ~4 MB) never loads in a shim (ADR 0034). The last test is that
-control: a send from one session to another in the same shim loads the client side and works.
+line client (rich, pygments: ~4 MB) never loads in a shim (ADR 0034). An agent that has not
+been sent to over A2A has not loaded the SDK's server stack either (ADR 0044). The last test
+is the control: a send from one session to another in the same shim loads the client side
+and the receiver's server stack, and works.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ HEAVY = ("crosstalk.agent", "crosstalk.a2a", "crosstalk.receiver", "crosstalk.st
 CLIENT_SIDE = ("crosstalk.agent.outbound", "crosstalk.a2a.client", "crosstalk.a2a.transport",
                "crosstalk.a2a.peers")
 NEVER = ("httpx._main", "rich", "pygments")
+#: Kept out of an agent until its first A2A request (ADR 0044): the SDK's server stack, and
+#: our request handler and app on it.
+SERVER_STACK = ("a2a.server.tasks", "a2a.server.request_handlers", "a2a.server.routes",
+                "crosstalk.a2a.handler", "crosstalk.a2a.asgi")
 
 PROBE = """
 import atexit, json, sys
@@ -168,8 +174,8 @@ def test_an_agent_that_has_not_sent_loads_no_client_side(world: dict[str, str],
     modules = _modules_after(world, tmp_path, [_bound("receive_message", "s1", "alice"),
                                                _bound("receive_message", "s2", "bob")])
     assert _loaded(modules, "crosstalk.agent")  # two agents are serving
-    assert _loaded(modules, "httpx")  # the SDK's server side imports it
-    assert [m for m in CLIENT_SIDE + NEVER if _loaded(modules, m)] == []
+    assert _loaded(modules, "crosstalk.a2a.listener")  # each on its A2A listener
+    assert [m for m in CLIENT_SIDE + NEVER + SERVER_STACK if _loaded(modules, m)] == []
 
 
 def test_a_send_loads_the_client_side_and_is_delivered(world: dict[str, str],
@@ -183,4 +189,5 @@ def test_a_send_loads_the_client_side_and_is_delivered(world: dict[str, str],
     assert "error" not in sent, sent
     assert [e["text"] for e in inbox["entries"]] == ["hello"], inbox
     assert [m for m in CLIENT_SIDE if not _loaded(modules, m)] == []
+    assert [m for m in SERVER_STACK if not _loaded(modules, m)] == []  # bob answered on A2A
     assert [m for m in NEVER if _loaded(modules, m)] == []

@@ -15,10 +15,8 @@ here knows about tasks or the receiver chain.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from a2a.auth.user import User
@@ -47,10 +45,8 @@ from crosstalk.a2a.liststatus import ABSENT, wire_status
 from crosstalk.a2a.taskstore import SENDER_KEY
 from crosstalk.capture.asgi import CaptureMiddleware
 from crosstalk.capture.tap import Tap
-from crosstalk.core.message import Ingress, Sender
-from crosstalk.core.policy import PRIMARY, SUBAGENT
+from crosstalk.core.message import Sender
 from crosstalk.core.states import MessageState
-from crosstalk.store.registry import Descriptor, Registry
 
 M = MessageState
 log = logging.getLogger(__name__)
@@ -69,8 +65,6 @@ REPAIRED_KEY = "crosstalk.repaired"
 LIST_STATUS_KEY = "crosstalk.list_status"
 #: The logger of the SDK's JSON-RPC dispatcher (:class:`_OneLinePerBadRequest`).
 SDK_DISPATCHER_LOGGER = "a2a.server.routes.jsonrpc_dispatcher"
-_TOKEN_CACHE_SECONDS = 1.0
-_MAX_TOKEN_LEN = 512
 #: An oversize body is read and discarded up to this many times the cap before answering, so
 #: the client is not cut off mid-write (it would see a reset, i.e. "unknown", not "rejected").
 _DRAIN_FACTOR = 64
@@ -81,55 +75,6 @@ CARD_CACHE_CONTROL = "max-age=5"
 
 #: The verified sender for an ``Authorization`` header's values, or ``None``.
 Authenticate = Callable[[Sequence[str]], Sender | None]
-
-
-# -- authentication ------------------------------------------------------------------------
-
-
-class BearerTokens:
-    """Maps a bearer token to the one live registered agent it belongs to (seed §5).
-
-    A verified token is cached for a second (the registry lookup reads descriptors from disk),
-    then verified again, its agent first; the cache is keyed by the token's hash, never the
-    token.
-    """
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-        self._cache: dict[str, tuple[float, Descriptor]] = {}
-
-    def authenticate(self, authorization: Sequence[str]) -> Sender | None:
-        """The verified sender for an ``Authorization`` header, or ``None``."""
-        if len(authorization) != 1:
-            return None
-        scheme, _, token = authorization[0].strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_LEN:
-            return None
-        key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-        now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            desc: Descriptor | None = cached[1]
-        else:
-            # An expired entry still names the agent to verify first (Registry.agent_for_token).
-            hint = cached[1].agent_id if cached is not None else None
-            try:
-                desc = self.registry.agent_for_token(token, hint=hint)
-            except (OSError, ValueError):
-                desc = None
-            if desc is None:
-                self._cache.pop(key, None)
-            else:
-                if len(self._cache) > 64:
-                    self._cache.clear()
-                self._cache[key] = (now + _TOKEN_CACHE_SECONDS, desc)
-        if desc is None:
-            return None
-        role = desc.role
-        if role == SUBAGENT and self.registry.live_owner(desc.owner) is None:
-            role = PRIMARY  # its owner is gone: nobody holds the claim (Registry.live_owner)
-        return Sender(agent_id=desc.agent_id, name=desc.name, role=role, ingress=Ingress.A2A)
 
 
 # -- ASGI middleware -----------------------------------------------------------------------

@@ -315,6 +315,8 @@ class Listener:
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         config = uvicorn.Config(app, log_config=None, access_log=False,
                                 lifespan="off", ws="none", http="h11", server_header=False,
+                                # not guessed: a bound method would read as ASGI 2
+                                interface="asgi3",
                                 timeout_graceful_shutdown=1, limit_concurrency=None,
                                 # ours closes an idle connection first (Bounds.idle)
                                 timeout_keep_alive=math.ceil(self.bounds.idle) + 1)

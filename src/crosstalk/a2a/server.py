@@ -18,18 +18,17 @@ deadline timers. :class:`A2AServer` wires the parts to one receiver and that lan
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.types import a2a_pb2 as pb
-from starlette.applications import Starlette
+from starlette.types import Receive, Scope, Send
 
-from crosstalk.a2a import asgi
 from crosstalk.a2a.control import ClaimHandler
-from crosstalk.a2a.handler import CrossTalkRequestHandler
 from crosstalk.a2a.listener import Listener
 from crosstalk.a2a.taskreplay import TaskReplay
 from crosstalk.a2a.tasks import Lane, TaskBook
 from crosstalk.a2a.taskstore import JournalTaskStore
+from crosstalk.a2a.tokens import BearerTokens
 from crosstalk.capture.tap import Tap
 from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.admission import Limits
@@ -37,6 +36,11 @@ from crosstalk.core.message import Sender
 from crosstalk.core.states import MessageState
 from crosstalk.receiver import Inbound, Receiver
 from crosstalk.store.registry import Registry
+
+if TYPE_CHECKING:  # the SDK's server stack loads with the first connection (ADR 0044)
+    from starlette.applications import Starlette
+
+    from crosstalk.a2a.handler import CrossTalkRequestHandler
 
 
 class A2AServer:
@@ -52,6 +56,10 @@ class A2AServer:
     ``max_wait_seconds`` bounds one default-wait SendMessage (an ask with no deadline would
     otherwise hold a connection and a wait slot forever); past it the task is returned as
     it stands, still WORKING, for the caller to poll with GetTask.
+
+    The request handler and the app are built on first use, the first connection's request
+    as a rule: they bring the SDK's server stack (its request handlers, routes, event
+    queues), some 6 MB resident that an agent nobody messages over A2A never needs.
     """
 
     def __init__(self, *, receiver: Receiver, registry: Registry, agent_id: str, name: str,
@@ -72,10 +80,11 @@ class A2AServer:
         self.lane = lane
         self.book = TaskBook(receiver, self.lane, expire_asks=expire_asks,
                              retention_seconds=retention_seconds)
-        self.handler = CrossTalkRequestHandler(
-            receiver, self.book, self.lane, name=name, max_wait_seconds=max_wait_seconds,
-            claim_handler=claim_handler)
-        self.tokens = asgi.BearerTokens(registry)
+        self.max_wait_seconds = max_wait_seconds
+        self._name = name
+        self._claim_handler = claim_handler
+        self._handler: CrossTalkRequestHandler | None = None
+        self.tokens = BearerTokens(registry)
         self.url = "http://127.0.0.1"
         #: What serves the app (``listener``, else one with the default bounds and cap).
         self.listener = listener or Listener()
@@ -86,20 +95,37 @@ class A2AServer:
 
     @property
     def name(self) -> str:
-        return self.handler.name
+        return self._name
 
     @name.setter
     def name(self, value: str) -> None:
-        self.handler.name = value
+        self._name = value
+        if self._handler is not None:
+            self._handler.name = value
 
     @property
     def claim_handler(self) -> ClaimHandler | None:
         """Claim/release handler (set by the Agent); ``None`` refuses control requests."""
-        return self.handler.claim_handler
+        return self._claim_handler
 
     @claim_handler.setter
     def claim_handler(self, value: ClaimHandler | None) -> None:
-        self.handler.claim_handler = value
+        self._claim_handler = value
+        if self._handler is not None:
+            self._handler.claim_handler = value
+
+    @property
+    def handler(self) -> CrossTalkRequestHandler:
+        """The A2A methods (:mod:`crosstalk.a2a.handler`), built on first use."""
+        if self._handler is None:
+            from crosstalk.a2a.handler import CrossTalkRequestHandler
+
+            self._handler = CrossTalkRequestHandler(
+                self.receiver, self.book, self.lane, name=self._name,
+                max_wait_seconds=self.max_wait_seconds, claim_handler=self._claim_handler)
+            if self.book.stopping:
+                self._handler.stop()
+        return self._handler
 
     @property
     def store(self) -> JournalTaskStore:
@@ -112,6 +138,8 @@ class A2AServer:
         if base_url is not None and not self.listener.serving:
             self.url = base_url.rstrip("/")
         if self._app is None:
+            from crosstalk.a2a import asgi
+
             self._app = asgi.build_app(handler=self.handler, card=self.agent_card,
                                        authenticate=self.authenticate,
                                        max_body_bytes=self.limits.max_body_bytes,
@@ -122,12 +150,17 @@ class A2AServer:
         """Serve on ``127.0.0.1:<free port>`` in the running loop; returns the base URL."""
         if self.listener.serving:
             return self.url
-        self.handler.start()
+        if self._handler is not None:
+            self._handler.start()
         self.book.stopping = False
         if self.book.on_entry not in self.receiver.listeners:
             self.receiver.listeners.append(self.book.on_entry)  # started again after a stop
-        self.url = await self.listener.start(self.build_app())
+        self.url = await self.listener.start(self._app_on_first_use)
         return self.url
+
+    async def _app_on_first_use(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """What the listener serves: :meth:`build_app`'s app, built with the first request."""
+        await (self._app or self.build_app())(scope, receive, send)
 
     async def stop(self) -> None:
         """Stop serving; leaves no task of ours running.
@@ -137,7 +170,10 @@ class A2AServer:
         grace; messages still waiting stay ``submitted`` and are resumed by :meth:`restore`
         on the next start, seed R2).
         """
-        self.handler.stop()
+        if self._handler is not None:
+            self._handler.stop()
+        else:
+            self.book.wake_all()
         self.book.stopping = True
         await self.listener.stop()
         if self.book.on_entry in self.receiver.listeners:
@@ -147,6 +183,8 @@ class A2AServer:
 
     def agent_card(self) -> pb.AgentCard:
         """Public card: no cwd, no CORS (seed R14); bearer required; JSON-RPC 1.0 only."""
+        from crosstalk.a2a import asgi  # with the app (see the class doc)
+
         return asgi.agent_card(name=self.name, description=self.description, url=self.url,
                                control=self.claim_handler is not None)
 

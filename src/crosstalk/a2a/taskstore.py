@@ -28,8 +28,10 @@ Why it is shaped like this:
   cheap way for the shape ``put`` writes (:mod:`crosstalk.a2a.taskjson`), by a parse for
   anything else (issue 12, item 6).
 
-The class is also a plain SDK :class:`~a2a.server.tasks.TaskStore`, so anything written against
-that interface works on it; the owner then comes from the call context's verified sender.
+The class is not an SDK ``TaskStore``: our request handler is the store's one user, and the
+SDK's task package (its event queues, push senders, in-memory stores) would load with every
+agent for it (ADR 0044). A ``task_deleted`` record, written by that interface before, still
+reads.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from a2a.server.context import ServerCallContext
-from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from a2a.utils.errors import InvalidParamsError
@@ -57,7 +58,6 @@ from crosstalk.config import RETENTION_SECONDS
 from crosstalk.core.message import DeliveryMode, Kind, Sender
 from crosstalk.core.records import (
     MessageSubmitted,
-    TaskDeleted,
     TaskRecord,
 )
 from crosstalk.core.states import Subject, TaskState, machine, task_next
@@ -112,13 +112,6 @@ def sender_of(context: ServerCallContext | None) -> Sender | None:
         return None
     sender = context.state.get(SENDER_KEY)
     return sender if isinstance(sender, Sender) and sender.verified else None
-
-
-def _owner_of(context: ServerCallContext) -> str:
-    sender = sender_of(context)
-    if sender is None or sender.agent_id is None:
-        raise TaskStoreError("no verified sender in the call context")
-    return sender.agent_id
 
 
 def copy_task(task: pb.Task) -> pb.Task:
@@ -245,7 +238,7 @@ class StoredTask:
         return task
 
 
-class JournalTaskStore(TaskStore):
+class JournalTaskStore:
     """Tasks of one agent, durable in that agent's journal."""
 
     def __init__(self, journal: Journal, *, clock: Callable[[], float] = time.time) -> None:
@@ -349,30 +342,6 @@ class JournalTaskStore(TaskStore):
                 self._by_message[mid] = tid
             kept.append(stored)
         return kept
-
-    # -- the SDK's TaskStore interface (owner = the call context's verified sender) --------
-
-    async def save(self, task: pb.Task, context: ServerCallContext) -> None:
-        self.put(task, owner=_owner_of(context))
-
-    async def get(self, task_id: str, context: ServerCallContext) -> pb.Task | None:
-        sender = sender_of(context)
-        stored = self.owned(task_id, sender.agent_id if sender else None)
-        return copy_task(stored.task) if stored else None
-
-    async def list(self, params: pb.ListTasksRequest,
-                   context: ServerCallContext) -> pb.ListTasksResponse:
-        sender = sender_of(context)
-        owner = sender.agent_id if sender else None
-        return self.list_for(owner, params)
-
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        sender = sender_of(context)
-        stored = self.owned(task_id, sender.agent_id if sender else None)
-        if stored is None:
-            return
-        self.journal.append(TaskDeleted(id=task_id, refs=tuple(stored.refs)).to_dict())
-        self.forget(task_id)
 
     # -- listing -------------------------------------------------------------------------
 

@@ -77,7 +77,8 @@ class TaskRecord(StateRecord):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TaskDeleted(Record):
-    """A task removed through the SDK's ``TaskStore.delete``."""
+    """A task removed (written by the SDK ``TaskStore`` interface the store had before ADR
+    0044; still read, so such a journal replays as it did)."""
 
     subject: ClassVar[str] = TASK_DELETED
     id: str
