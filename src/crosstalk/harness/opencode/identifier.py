@@ -105,8 +105,7 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
         sid = stamp.get("sessionID")
         if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid):
             return None
-        if sid not in self.sessions.live and sid not in self.sessions.children \
-                and sid not in self._roots:
+        if not self.sessions.knows(sid) and sid not in self._roots:
             self._learn_ancestry(sid)
         root = self.sessions.root_of(sid)  # a sub-agent's call is its root session's
         return Identity(HARNESS, root, self.cwd, session_name=self.sessions.live.get(root),
@@ -121,9 +120,8 @@ class HostedOpencodeIdentifier(OpencodeIdentifier):
         lookup never fails a call of our own host's session."""
         try:
             record = self.host()
-            parents = asyncio.run(_parents(
-                record.socket, self.env, session_id,
-                lambda sid: sid in self.sessions.live or sid in self.sessions.children))
+            parents = asyncio.run(_parents(record.socket, self.env, session_id,
+                                           self.sessions.knows))
         except (RecordError, OpencodeError) as exc:
             log.info("opencode host %d: parents of %s unknown (%s)", self.ppid, session_id,
                      exc)

@@ -78,6 +78,10 @@ class LiveSet:
             seen.add(session_id)
         return session_id
 
+    def knows(self, session_id: str) -> bool:
+        """Whether the session is known here: live, or a sub-agent whose parent is known."""
+        return session_id in self.live or session_id in self.children
+
     def learn(self, info: Mapping[str, Any]) -> bool:
         """Take a session's info (from an event or ``GET /session/{id}``); True if the set
         changed."""
@@ -126,7 +130,7 @@ class LiveSet:
         if kind not in _USE:
             return False
         sid = _session_of(event)
-        if sid is None or sid in self.live or sid in self.children:
+        if sid is None or self.knows(sid):
             return False
         return await self.read(api, sid)
 
@@ -160,7 +164,6 @@ class LiveSet:
                     changed = self.forget(sid) or changed
         status = await api.get("/session/status")
         for sid in status if isinstance(status, dict) else {}:
-            if isinstance(sid, str) and SESSION_ID.fullmatch(sid) and sid not in self.live \
-                    and sid not in self.children:
+            if isinstance(sid, str) and SESSION_ID.fullmatch(sid) and not self.knows(sid):
                 changed = await self.read(api, sid) or changed
         return changed
