@@ -104,7 +104,6 @@ TOOL_NAMES = {t.name for t in TOOLS}
 INVALID_PARAMS = -32602
 
 
-
 def tool_result(payload: Mapping[str, Any], *, error: bool = False) -> types.CallToolResult:
     """Every tool's result: JSON text plus ``structuredContent``, ``None`` fields left out."""
     data = {k: v for k, v in payload.items() if v is not None}
@@ -152,8 +151,7 @@ def build_server(tools: Callable[[], Awaitable[Caller]],
             caller = await tools()
         except Exception as exc:  # the build failed, and logged why with its traceback
             return _unavailable(exc)
-        meta: Mapping[str, Any] | None = ctx.meta if ctx.meta is not None else None
-        return await caller.call(params.name, params.arguments, meta)
+        return await caller.call(params.name, params.arguments, ctx.meta)
 
     return Server("crosstalk", version=__version__,
                   instructions=("CrossTalk: message other AI coding-agent sessions on this "

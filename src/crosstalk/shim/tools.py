@@ -124,8 +124,8 @@ class Tools:
                 raise
             log.exception("tool %s: journal unavailable", name)
             return tool_result({"error": "journal_unavailable",
-                            "hint": "the message store refused a write; nothing was sent"},
-                           error=True)
+                                "hint": "the message store refused a write; nothing was sent"},
+                               error=True)
 
     # -- list_agents ---------------------------------------------------------------------
 
