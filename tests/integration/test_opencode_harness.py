@@ -393,6 +393,13 @@ async def test_a_sub_agent_the_stream_has_not_shown_is_bound_to_its_root(
     got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": alone})
     assert got is not None
     assert got.session_ref == alone  # the host says it has no parent: its own
+    for bad in ("../ses_x", 7, "", "ses_" + "x" * 100):  # a parent that is not a session id
+        odd = fake.add_session("odd", emit=False)
+        fake.sessions[odd]["parentID"] = bad
+        got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": odd})
+        assert got is not None
+        assert got.session_ref == odd, bad
+        assert odd not in ident.sessions.children
     await fake.stop(unpublish=False)  # the host cannot answer: the call is still bound
     got = await asyncio.to_thread(ident.identify_stamped, None, {"sessionID": "ses_unseen1"})
     assert got is not None
