@@ -71,6 +71,9 @@ class Inbound:
     prerequisite: Group | None = field(default=None, repr=False, compare=False)
     #: The admission record was refused: the message was never accepted.
     failed: bool = False
+    #: The dispatch lock the lane staged while the message still waited its turn (ADR 0045),
+    #: until the dispatch that takes it over starts.
+    locked_ahead: Group | None = field(default=None, repr=False, compare=False)
 
     def route_open(self, now: float) -> bool:
         """Whether ``reply`` may still answer it (R7): an ask while open; an inform for

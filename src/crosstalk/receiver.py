@@ -59,6 +59,7 @@ from crosstalk.core.states import (
 )
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
 from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result, answered
+from crosstalk.store.commit import Group
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 from crosstalk.store.journal_read import ReadMark
 
@@ -322,6 +323,9 @@ class Receiver(EntryChanges):
         """:meth:`dispatch` up to the outcome's record, staged: the future gives the result
         once that record is durable. The lane dispatches the next message meanwhile, so the
         next dispatch lock shares the outcome's write (ADR 0036)."""
+        ahead = entry.locked_ahead
+        if ahead is not None:
+            return await self._dispatch_locked_ahead(entry, ahead)
         while (entry.pending is not None and entry.pending is not entry.admission
                and entry.pending is not entry.prerequisite):
             # Another dispatch of it has a write in flight: its state, once durable.
@@ -344,6 +348,55 @@ class Receiver(EntryChanges):
         finally:
             self._injecting -= 1
 
+    def lock_ahead(self, entry: Inbound) -> bool:
+        """Stage the dispatch lock of a uds message that waits next in the lane, so that it
+        shares the write the lane stages now and is durable when its turn comes (ADR 0045).
+
+        Only a uds message is locked ahead: it has no CancelTask to lose (seed 22) and no
+        resume to miss (a uds message ``submitted`` at a restart is surfaced ``recovered``,
+        never injected), so the one thing that changes is that a crash before its turn leaves
+        it ``unknown`` where it would have been ``recovered``. Whether it was staged.
+        """
+        if (entry.ingress != Ingress.UDS.value or entry.state is not M.SUBMITTED
+                or entry.message is None or entry.failed or entry.locked_ahead is not None
+                or self.binding is None
+                or (entry.pending is not None and entry.pending is not entry.admission)):
+            return False
+        entry.locked_ahead = self.stage_event(entry, ME.LOCKED_FOR_DISPATCH, None,
+                                              required=True)
+        return True
+
+    async def _dispatch_locked_ahead(self, entry: Inbound, lock: Group
+                                     ) -> asyncio.Future[Result]:
+        """The dispatch of a message whose lock :meth:`lock_ahead` staged: once that lock is
+        durable, inject; had its write failed, nothing was locked or sent (R1)."""
+        entry.locked_ahead = None
+        msg = entry.message
+        self._injecting += 1
+        try:
+            await lock.settled()
+            if entry.failed or not lock.written:
+                if not entry.failed:
+                    entry.stalled = True  # a retry of the same message id may dispatch it
+                raise ReceiverUnavailable(f"journal refused the dispatch lock: {lock.result}")
+            if msg is None or not self._dispatch_held(entry):
+                return answered(entry.result())
+            return await self._inject(entry, msg)
+        finally:
+            self._injecting -= 1
+
+    async def release_locked_ahead(self, entry: Inbound) -> None:
+        """A message locked ahead whose turn never came (its lane stopped first): journaled
+        ``unknown`` like any dispatch cut short, as a restart would find it."""
+        lock, entry.locked_ahead = entry.locked_ahead, None
+        if lock is None:
+            return
+        await lock.settled()
+        if lock.written and self._dispatch_held(entry):
+            entry.message = None
+            self.apply_event(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
+                             required=False)
+
     async def _lock_and_inject(self, entry: Inbound, msg: Message) -> asyncio.Future[Result]:
         assert self.binding is not None
         try:
@@ -353,6 +406,11 @@ class Receiver(EntryChanges):
             if not entry.failed:
                 entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
             raise
+        return await self._inject(entry, msg)
+
+    async def _inject(self, entry: Inbound, msg: Message) -> asyncio.Future[Result]:
+        """Inject a message whose dispatch lock is durable, and stage its outcome."""
+        assert self.binding is not None
         try:
             outcome = await self.harness.inject(self.binding,
                                                 Delivery(msg, self.reply_address))
