@@ -27,6 +27,11 @@ class ReceiverUnavailable(Exception):
     """The journal refused a write before acceptance: the message was not accepted."""
 
 
+class NeverAdmitted(ReceiverUnavailable):
+    """A dispatch of a message whose own admission record failed: it was never accepted, and
+    whoever admitted it answers its sender (not a failure of the dispatch lane)."""
+
+
 @dataclass(frozen=True)
 class Result:
     message_id: str

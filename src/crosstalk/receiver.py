@@ -58,7 +58,14 @@ from crosstalk.core.states import (
     message_next,
 )
 from crosstalk.harness.base import Binding, Delivery, Harness, Outcome
-from crosstalk.inbound import Inbound, Listener, ReceiverUnavailable, Result, answered
+from crosstalk.inbound import (
+    Inbound,
+    Listener,
+    NeverAdmitted,
+    ReceiverUnavailable,
+    Result,
+    answered,
+)
 from crosstalk.store.commit import Group
 from crosstalk.store.journal import Journal, JournalError, RecordTooLarge
 from crosstalk.store.journal_read import ReadMark
@@ -68,7 +75,7 @@ ME = MessageEvent
 log = logging.getLogger(__name__)
 
 #: The receiver's view of a message lives in :mod:`crosstalk.inbound`; callers import it here.
-__all__ = ["Inbound", "Listener", "Receiver", "ReceiverUnavailable", "Result",
+__all__ = ["Inbound", "Listener", "NeverAdmitted", "Receiver", "ReceiverUnavailable", "Result",
            "message_record"]
 
 
@@ -195,9 +202,16 @@ class Receiver(EntryChanges):
                                       ) from group.result
         return entry
 
-    def stage_admit(self, msg: Message) -> Inbound | Result:
+    @property
+    def injecting(self) -> bool:
+        """A dispatch is between its lock and its outcome's record: the lane writes again
+        soon, so a record that gates nothing may ride with that write (ADR 0038)."""
+        return self._injecting > 0
+
+    def stage_admit(self, msg: Message, *, lazy: bool = False) -> Inbound | Result:
         """Dedupe, checks, and the ``submitted`` record staged, all without yielding: the
-        entry is indexed before its write, so a concurrent copy waits for it."""
+        entry is indexed before its write, so a concurrent copy waits for it. ``lazy``: the
+        caller stages an eager write in this same turn (ADR 0046), or the lane injects."""
         msg = with_valid_unicode(msg)
         if msg.native and msg.sender.agent_id == self.agent_id:
             return self._bounce(msg)
@@ -216,7 +230,7 @@ class Receiver(EntryChanges):
             return Result(msg.message_id, M.REJECTED, reason)  # transient: not journaled
         state = message_next(None, ME.ADMITTED)
         group = self.journal.commit.stage([message_record(msg, self.binding)],
-                                          lazy=self._injecting > 0)
+                                          lazy=lazy or self.injecting)
         entry = Inbound(msg.message_id, msg.sender, msg.kind.value, state,
                       msg.sender.ingress.value, task_id=msg.task_id,
                       continuation=msg.continuation,
@@ -331,7 +345,7 @@ class Receiver(EntryChanges):
             # Another dispatch of it has a write in flight: its state, once durable.
             await entry.pending.settled()
         if entry.failed:
-            raise ReceiverUnavailable("journal refused the message")
+            raise NeverAdmitted("journal refused the message")
         if entry.state is not M.SUBMITTED or entry.message is None:
             return answered(entry.result())  # canceled (or already dispatched) while waiting
         msg = entry.message
@@ -375,9 +389,10 @@ class Receiver(EntryChanges):
         self._injecting += 1
         try:
             await lock.settled()
-            if entry.failed or not lock.written:
-                if not entry.failed:
-                    entry.stalled = True  # a retry of the same message id may dispatch it
+            if entry.failed:
+                raise NeverAdmitted("journal refused the message")
+            if not lock.written:
+                entry.stalled = True  # a retry of the same message id may dispatch it
                 raise ReceiverUnavailable(f"journal refused the dispatch lock: {lock.result}")
             if msg is None or not self._dispatch_held(entry):
                 return answered(entry.result())
@@ -402,9 +417,10 @@ class Receiver(EntryChanges):
         try:
             # Staged after the admission when that is still in flight: one write for both.
             await self.commit_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
-        except ReceiverUnavailable:
-            if not entry.failed:
-                entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
+        except ReceiverUnavailable as exc:
+            if entry.failed:  # the lock followed its admission, which failed
+                raise NeverAdmitted("journal refused the message") from exc
+            entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
             raise
         return await self._inject(entry, msg)
 

@@ -30,6 +30,7 @@ a message; :mod:`crosstalk.a2a.control` builds its answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -70,6 +71,8 @@ from crosstalk.core.message import Ingress, Kind, Message, Sender
 from crosstalk.core.states import MessageState, TaskState
 from crosstalk.core.tasks import task_state_for
 from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
+from crosstalk.store.commit import Group
+from crosstalk.store.journal_errors import RecordTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +200,10 @@ class CrossTalkRequestHandler(RequestHandler):
                 hop_chain=fields.hop_chain, sent_at=self.receiver.clock(),
                 repaired=repaired_fields(context))
             try:
-                admitted = await self.receiver.admit(msg)
+                # Staged, not awaited: its record, the task's first record and the dispatch
+                # lock go into one write (ADR 0046); each is written only if the one before is.
+                # Lazy: the task's record below starts the write, after the lane has run.
+                admitted = self.receiver.stage_admit(msg, lazy=True)
             except ReceiverUnavailable as exc:
                 self.receiver.admission.release_task(task_id)
                 log.error("message %s refused, nothing accepted: %s", mid, exc)
@@ -215,11 +221,47 @@ class CrossTalkRequestHandler(RequestHandler):
             history = [inbound_copy(msg_in, task_id, context_id)]
             if entry.state is M.SUBMITTED:  # woken first: its lock shares the task's write
                 self.lane.submit(entry)
-            self.book.create_task(task_id, context_id, sender, entry, history)
-            return await self._respond(task_id, params, context, wait)
+            admission = entry.admission if entry.pending is entry.admission else None
+            self.book.create_task(task_id, context_id, sender, entry, history, after=admission)
+            # A return_immediately answer is the task as it is now: taken before the write,
+            # which moves it on (the lock makes it working).
+            snapshot = None if wait else self._snapshot(task_id)
+            if admission is not None and not await self._admitted(
+                    entry, admission, task_id=task_id, context_id=context_id, sender=sender,
+                    history=history):
+                snapshot = None  # the task was made anew, rejected
+            return await self._respond(task_id, params, context, wait, snapshot)
         finally:
             if waiting:
                 self.receiver.admission.release_wait()
+
+    def _snapshot(self, task_id: str) -> pb.Task | None:
+        now = self.book.store.lookup(task_id)
+        return copy_task(now.task) if now is not None else None
+
+    async def _admitted(self, entry: Inbound, admission: Group, *, task_id: str,
+                        context_id: str, sender: Sender, history: list[pb.Message]) -> bool:
+        """Once the write that carries a first message's admission is done: if the admission
+        failed, so did the task's first record and the lock that followed it, and the sender
+        is answered as an awaited admission would have been answered: too large is a
+        rejected task (R10), any other failure accepted nothing. Whether it was written."""
+        await admission.settled()
+        if admission.written:
+            return True
+        self.lane.withdraw(entry)  # a retry of this message id is a new entry
+        with contextlib.suppress(InternalError):
+            await self.book.written(task_id)  # failed with it: forgotten, its slot released
+        mid = entry.message_id
+        self.book.forget_pending(mid)
+        failure = admission.result
+        if isinstance(failure, RecordTooLarge):
+            rejected = self.receiver.entries.get(mid)  # journaled rejected by the receiver
+            if rejected is not None and rejected.state is M.REJECTED:
+                self.book.create_task(task_id, context_id, sender, rejected, history)
+                return False
+        log.error("message %s refused, nothing accepted: %s", mid, failure)
+        raise journal_unavailable_error() from (
+            failure if isinstance(failure, BaseException) else None)
 
     async def _control(self, params: pb.SendMessageRequest, sender: Sender) -> pb.Task:
         """A claim/release: the handler decides, the answer is an unstored terminal task."""
@@ -352,9 +394,12 @@ class CrossTalkRequestHandler(RequestHandler):
                 self.receiver.admission.release_wait()
 
     async def _respond(self, task_id: str, params: pb.SendMessageRequest,
-                       context: ServerCallContext, wait: bool) -> pb.Task:
-        now = self.book.store.lookup(task_id)  # answered as it is now, once that is durable
-        snapshot = copy_task(now.task) if now is not None and not wait else None
+                       context: ServerCallContext, wait: bool,
+                       snapshot: pb.Task | None = None) -> pb.Task:
+        """The answer: with ``wait``, the task once settled; without, the task as it is now
+        (or as ``snapshot`` took it), once that is durable."""
+        if snapshot is None and not wait:
+            snapshot = self._snapshot(task_id)
         await self.book.written(task_id)
         if wait:
             await self._await_settled(task_id, context.state.get(RECEIVE_KEY))

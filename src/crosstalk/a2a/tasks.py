@@ -81,6 +81,8 @@ class Lane(Protocol):
 
     def submit(self, entry: Inbound, *, resume: bool = False) -> None: ...
 
+    def withdraw(self, entry: Inbound) -> None: ...
+
     def arm(self, message_id: str, deadline_at: float) -> None: ...
 
     def disarm(self, message_id: str) -> None: ...
@@ -110,6 +112,10 @@ class TaskBook:
     def note_pending(self, message_id: str, deadline_seconds: int) -> None:
         """Remember an admitted message's deadline until its ask opens (then it is armed)."""
         self._pending[message_id] = deadline_seconds
+
+    def forget_pending(self, message_id: str) -> None:
+        """A message noted pending whose admission failed after all."""
+        self._pending.pop(message_id, None)
 
     def changed(self, task_id: str) -> asyncio.Event:
         """Set at the task's next change (a default wait waits on it)."""
@@ -145,7 +151,7 @@ class TaskBook:
         return None
 
     def create_task(self, task_id: str, context_id: str, sender: Sender, entry: Inbound,
-                    history: Sequence[pb.Message]) -> None:
+                    history: Sequence[pb.Message], *, after: Group | None = None) -> None:
         assert sender.agent_id is not None
         initial = T.REJECTED if entry.state is M.REJECTED else T.SUBMITTED
         task = pb.Task(id=task_id, context_id=context_id,
@@ -159,7 +165,8 @@ class TaskBook:
                 composed.status.ClearField("message")
             task = composed
         stamp(task, self.receiver.clock())
-        self.store.put(task, owner=sender.agent_id, refs=[entry.message_id], staged=True)
+        self.store.put(task, owner=sender.agent_id, refs=[entry.message_id], staged=True,
+                       after=after)
         group = self.store.writes[task_id]
         # The dispatch lock follows the task's first record (and shares its write): if that
         # fails, nothing is locked, and the sender's retry gives the message its task.
@@ -239,7 +246,10 @@ class TaskBook:
 
     def save(self, task: pb.Task, owner: str, refs: Sequence[str]) -> None:
         try:
-            self.store.put(task, owner=owner, refs=refs, staged=True)
+            # While the lane injects, its outcome's write comes next and carries this record
+            # (a task's "working" no longer costs a write of its own before the injection).
+            self.store.put(task, owner=owner, refs=refs, staged=True,
+                           lazy=self.receiver.injecting)
             self._dirty.discard(task.id)
             self._watch(task.id, self.store.writes[task.id])
         except JournalError as exc:

@@ -252,12 +252,15 @@ class JournalTaskStore:
     # -- CrossTalk API (synchronous: no await between a decision and its record) ----------
 
     def put(self, task: pb.Task, *, owner: str, refs: Sequence[str] | None = None,
-            durable: bool = True, staged: bool = False) -> StoredTask:
+            durable: bool = True, staged: bool = False, after: Group | None = None,
+            lazy: bool = False) -> StoredTask:
         """Journal the task (unless ``durable`` is false), then make it current in memory.
 
         ``staged``: the record goes into the journal's next shared write (group commit) and
         the task is current at once; :attr:`writes` holds the write until it is done, and
-        whoever reports the task waits for it (:meth:`TaskBook.written`).
+        whoever reports the task waits for it (:meth:`TaskBook.written`); ``after``: it is
+        written only if that group is (the staged admission of its first message); ``lazy``:
+        it rides with the journal's next write (:meth:`GroupCommit.stage`).
 
         Raises :class:`~crosstalk.store.journal.JournalError` when the record is not durable
         (nothing changes then), :class:`TaskStoreError` for a foreign owner, and
@@ -281,7 +284,8 @@ class JournalTaskStore:
             record = TaskRecord(id=task.id, state=new_state, owner=owner, refs=tuple(ids),
                                 task=MessageToDict(stored_json)).to_dict()
             if staged:
-                self.writes[task.id] = self.journal.commit.stage([record])
+                self.writes[task.id] = self.journal.commit.stage([record], after=after,
+                                                                 lazy=lazy)
             else:
                 ts = self.journal.append(record).get("ts")
                 if isinstance(ts, int | float):

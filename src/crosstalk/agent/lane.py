@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from crosstalk.agent.taskgroup import TaskGroup
 from crosstalk.core.states import AskEvent, AskState, IllegalTransition
 from crosstalk.inbound import answered
-from crosstalk.receiver import Inbound, Receiver, ReceiverUnavailable, Result
+from crosstalk.receiver import Inbound, NeverAdmitted, Receiver, ReceiverUnavailable, Result
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ DISPATCH_GRACE = 2.0
 class _Item:
     entry: Inbound
     resume: bool
+    #: Taken back before its turn (:meth:`DispatchLane.withdraw`): skipped.
+    withdrawn: bool = False
     #: Callers awaiting this dispatch's result (:meth:`DispatchLane.dispatch`).
     waiters: list[asyncio.Future[Result]] = field(default_factory=list)
 
@@ -125,20 +127,29 @@ class DispatchLane:
         """
         mid = entry.message_id
         if not self._closed and not self._items and not self._turn.locked():
-            self._items[mid] = _Item(entry, False)
+            mine = self._items[mid] = _Item(entry, False)
             self._drained.clear()
             try:
                 async with self._turn:
                     done = await self.receiver.dispatch_staged(entry)
                 return await done  # the turn is free: the next lock shares this outcome's write
             finally:
-                self._forget(mid)
+                self._forget(mine)
         item = self._enqueue(entry, False)
         if item is None:  # the lane is closed: the message stays submitted
             raise asyncio.CancelledError
         waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         item.waiters.append(waiter)
         return await waiter
+
+    def withdraw(self, entry: Inbound) -> None:
+        """Take back ``entry`` if it still waits for its turn: its admission failed after it
+        was submitted (the A2A first message's fused write, ADR 0046), so a retry of the same
+        message id is a new entry and must not find this one in its place."""
+        item = self._items.get(entry.message_id)
+        if item is not None and item.entry is entry:
+            item.withdrawn = True
+            self._forget(item)
 
     async def settle(self) -> None:
         """Wait until every message submitted so far has been dispatched."""
@@ -156,39 +167,55 @@ class DispatchLane:
 
     async def _run(self) -> None:
         while True:
+            item = await self._next()
+            if item is None:
+                return
+            done = await self._dispatch(item)
+            if done is not None:
+                # Its outcome's write is in flight: the next message's lock joins it, and the
+                # waiters are answered when it is durable.
+                done.add_done_callback(functools.partial(self._finished, item))
+
+    async def _next(self) -> _Item | None:
+        """The next message to dispatch; ``None`` once the lane stops."""
+        while True:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
             item = self._queue.popleft()
             if item is None or (self._closed and item.entry.locked_ahead is None):
-                return  # a message locked ahead is in flight: it gets the grace too
-            mid = item.entry.message_id
-            done: asyncio.Future[Result] | None = None
-            try:
-                async with self._turn:
-                    self._lock_next(item)
-                    if item.resume:
-                        done = answered(await self.receiver.resume(item.entry))
-                    else:
-                        done = await self.receiver.dispatch_staged(item.entry)
-            except ReceiverUnavailable as exc:
-                log.error("dispatch of %s could not start: %s", mid, exc)
-                self._lane_error(mid, str(exc))
-                item.settle(error=exc)
-            except Exception as exc:  # a bug must not stop the lane for every later message
-                log.exception("dispatch of %s failed", mid)
-                self._lane_error(mid, repr(exc))
-                item.settle(error=exc)
-            except BaseException:
-                item.settle()  # cancelled by close(): the receiver journaled it unknown
-                raise
-            finally:
-                if done is None:  # it ended here; otherwise when its outcome is durable
-                    self._forget(mid)
-            if done is not None:
-                # Its outcome's write is in flight: the next message's lock joins it, and the
-                # waiters are answered when it is durable.
-                done.add_done_callback(functools.partial(self._finished, item))
+                return None  # a message locked ahead is in flight: it gets the grace too
+            if not item.withdrawn:
+                return item
+
+    async def _dispatch(self, item: _Item) -> asyncio.Future[Result] | None:
+        """Dispatch ``item`` up to its outcome's staged write (``None``: it ended here)."""
+        mid = item.entry.message_id
+        done: asyncio.Future[Result] | None = None
+        try:
+            async with self._turn:
+                self._lock_next(item)
+                if item.resume:
+                    done = answered(await self.receiver.resume(item.entry))
+                else:
+                    done = await self.receiver.dispatch_staged(item.entry)
+        except NeverAdmitted as exc:  # its admission's failure was answered there
+            item.settle(error=exc)
+        except ReceiverUnavailable as exc:
+            log.error("dispatch of %s could not start: %s", mid, exc)
+            self._lane_error(mid, str(exc))
+            item.settle(error=exc)
+        except Exception as exc:  # a bug must not stop the lane for every later message
+            log.exception("dispatch of %s failed", mid)
+            self._lane_error(mid, repr(exc))
+            item.settle(error=exc)
+        except BaseException:
+            item.settle()  # cancelled by close(): the receiver journaled it unknown
+            raise
+        finally:
+            if done is None:  # it ended here; otherwise when its outcome is durable
+                self._forget(item)
+        return done
 
     def _put(self, item: _Item | None) -> None:
         self._queue.append(item)
@@ -211,10 +238,11 @@ class DispatchLane:
 
     def _finished(self, item: _Item, done: asyncio.Future[Result]) -> None:
         item.settle(done.result())
-        self._forget(item.entry.message_id)
+        self._forget(item)
 
-    def _forget(self, message_id: str) -> None:
-        self._items.pop(message_id, None)
+    def _forget(self, item: _Item) -> None:
+        if self._items.get(item.entry.message_id) is item:  # not a newer item of that id
+            del self._items[item.entry.message_id]
         if not self._items:
             self._drained.set()
 
