@@ -10,10 +10,16 @@ import runs this file, and a shim's start must not pay for the journal (ADR 0033
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from crosstalk._lazy import exports
 from crosstalk._version import __version__
+
+# The a2a-sdk wraps its client and server methods in OpenTelemetry spans whenever the API is
+# importable (the MCP SDK brings it), recorded by nobody here: ~5 % of the calls an A2A message
+# costs its two ends. Off unless the user asks for it (ADR 0047); read once, at its import.
+os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 
 if TYPE_CHECKING:
     from crosstalk.core.ids import agent_id_for, new_message_id

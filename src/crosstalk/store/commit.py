@@ -22,7 +22,7 @@ A group staged ``lazy`` does not start a write of its own: it rides with the nex
 written :data:`LAZY_SECONDS` after it was staged if nothing else comes. The receiver stages an
 admission lazy while its lane is injecting: the lane's next write (the outcome and the next
 dispatch lock) comes within a lane cycle and carries it, where an admission write of its own
-would stand in that lock's way, and the lock is what the lane waits on (ADR 0037).
+would stand in that lock's way, and the lock is what the lane waits on (ADR 0038).
 """
 
 from __future__ import annotations
