@@ -14,30 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from crosstalk.agent import Agent, AgentSpec
+from crosstalk.agent import Agent
 from crosstalk.core.ids import new_message_id
 from crosstalk.core.states import MessageState
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal_read import read_journal
-from crosstalk.store.registry import Registry
+from tests.support.agents import fake_agent, running
 from tests.support.faulty_ops import FaultyOps
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[Agent, Agent]]:
+async def pair(tmp_path: Path) -> AsyncIterator[tuple[Agent, ...]]:
     env = {"XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ct-rt-", dir="/tmp")}
-    reg = Registry(tmp_path / "state")
-    a = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"), env=env)
-    b = Agent(reg, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
+    home = tmp_path / "state"
+    async with running(fake_agent(home, env, "sess-a", "alice"),
+                       fake_agent(home, env, "sess-b", "bob")) as agents:
+        yield agents
 
 
 def fake(agent: Agent) -> FakeHarness:
@@ -55,7 +49,7 @@ def counting(agent: Agent) -> FaultyOps:
 
 
 async def test_a_first_message_is_admitted_tasked_and_locked_in_one_write(
-        pair: tuple[Agent, Agent]) -> None:
+        pair: tuple[Agent, ...]) -> None:
     alice, bob = pair
     await alice.send("bob", "warm-up")  # the card, the connection, the server stack
     assert bob.journal is not None
@@ -83,7 +77,7 @@ async def test_a_first_message_is_admitted_tasked_and_locked_in_one_write(
 
 
 async def test_a_failed_fused_write_accepts_nothing_and_the_retry_is_delivered_once(
-        pair: tuple[Agent, Agent]) -> None:
+        pair: tuple[Agent, ...]) -> None:
     alice, bob = pair
     await alice.send("bob", "warm-up")
     assert bob.journal is not None
