@@ -81,18 +81,6 @@ class EntryChanges:
             return
         self._event_applied(entry, state, reason, evidence, ask_record)
 
-    async def commit_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
-                           required: bool, outcome: MessageState | None = None,
-                           evidence: str | None = None,
-                           ask_record: AskOpened | None = None) -> None:
-        """:meth:`apply_event` through the group commit: other writes share its fsync."""
-        group = self.stage_event(entry, event, reason, required=required, outcome=outcome,
-                                 evidence=evidence, ask_record=ask_record)
-        await group.settled()
-        if required and isinstance(group.result, JournalError):
-            raise ReceiverUnavailable(f"journal refused {event.value}: {group.result}"
-                                      ) from group.result
-
     def stage_event(self, entry: Inbound, event: MessageEvent, reason: str | None, *,
                     required: bool, outcome: MessageState | None = None,
                     evidence: str | None = None, ask_record: AskOpened | None = None,

@@ -337,28 +337,26 @@ class Receiver(EntryChanges):
         """:meth:`dispatch` up to the outcome's record, staged: the future gives the result
         once that record is durable. The lane dispatches the next message meanwhile, so the
         next dispatch lock shares the outcome's write (ADR 0036)."""
-        ahead = entry.locked_ahead
-        if ahead is not None:
-            return await self._dispatch_locked_ahead(entry, ahead)
-        while (entry.pending is not None and entry.pending is not entry.admission
-               and entry.pending is not entry.prerequisite):
-            # Another dispatch of it has a write in flight: its state, once durable.
-            await entry.pending.settled()
-        if entry.failed:
-            raise NeverAdmitted("journal refused the message")
-        if entry.state is not M.SUBMITTED or entry.message is None:
-            return answered(entry.result())  # canceled (or already dispatched) while waiting
-        msg = entry.message
-        if self.binding is None:
-            await self._admitted(entry)
-            self.apply_event(entry, ME.UNDELIVERABLE, "not_bound", required=True)
-            entry.message = None
-            # An unbound ask gives its admission slot back like any undelivered ask.
-            self._after_outcome(entry)
-            return answered(entry.result())
+        ahead, entry.locked_ahead = entry.locked_ahead, None  # its lock, staged by the lane
+        if ahead is None:
+            while (entry.pending is not None and entry.pending is not entry.admission
+                   and entry.pending is not entry.prerequisite):
+                # Another dispatch of it has a write in flight: its state, once durable.
+                await entry.pending.settled()
+            if entry.failed:
+                raise NeverAdmitted("journal refused the message")
+            if entry.state is not M.SUBMITTED or entry.message is None:
+                return answered(entry.result())  # canceled (or already dispatched) meanwhile
+            if self.binding is None:
+                await self._admitted(entry)
+                self.apply_event(entry, ME.UNDELIVERABLE, "not_bound", required=True)
+                entry.message = None
+                # An unbound ask gives its admission slot back like any undelivered ask.
+                self._after_outcome(entry)
+                return answered(entry.result())
         self._injecting += 1
         try:
-            return await self._lock_and_inject(entry, msg)
+            return await self._lock_and_inject(entry, entry.message, ahead)
         finally:
             self._injecting -= 1
 
@@ -380,26 +378,6 @@ class Receiver(EntryChanges):
                                               required=True)
         return True
 
-    async def _dispatch_locked_ahead(self, entry: Inbound, lock: Group
-                                     ) -> asyncio.Future[Result]:
-        """The dispatch of a message whose lock :meth:`lock_ahead` staged: once that lock is
-        durable, inject; had its write failed, nothing was locked or sent (R1)."""
-        entry.locked_ahead = None
-        msg = entry.message
-        self._injecting += 1
-        try:
-            await lock.settled()
-            if entry.failed:
-                raise NeverAdmitted("journal refused the message")
-            if not lock.written:
-                entry.stalled = True  # a retry of the same message id may dispatch it
-                raise ReceiverUnavailable(f"journal refused the dispatch lock: {lock.result}")
-            if msg is None or not self._dispatch_held(entry):
-                return answered(entry.result())
-            return await self._inject(entry, msg)
-        finally:
-            self._injecting -= 1
-
     async def release_locked_ahead(self, entry: Inbound) -> None:
         """A message locked ahead whose turn never came (its lane stopped first): journaled
         ``unknown`` like any dispatch cut short, as a restart would find it."""
@@ -412,16 +390,25 @@ class Receiver(EntryChanges):
             self.apply_event(entry, ME.DISPATCH_INTERRUPTED, "dispatch_cancelled",
                              required=False)
 
-    async def _lock_and_inject(self, entry: Inbound, msg: Message) -> asyncio.Future[Result]:
+    async def _lock_and_inject(self, entry: Inbound, msg: Message | None,
+                               lock: Group | None = None) -> asyncio.Future[Result]:
+        """Journal the dispatch lock (or wait for the one :meth:`lock_ahead` staged), then
+        inject; had the lock's write failed, nothing was locked or sent (R1)."""
         assert self.binding is not None
-        try:
+        if lock is None:
             # Staged after the admission when that is still in flight: one write for both.
-            await self.commit_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
-        except ReceiverUnavailable as exc:
+            lock = self.stage_event(entry, ME.LOCKED_FOR_DISPATCH, None, required=True)
+        await lock.settled()
+        if not lock.written:
             if entry.failed:  # the lock followed its admission, which failed
-                raise NeverAdmitted("journal refused the message") from exc
+                raise NeverAdmitted("journal refused the message")
             entry.stalled = True  # nothing was locked or sent: a retry may dispatch (R1)
-            raise
+            failure = lock.result
+            raise ReceiverUnavailable(
+                f"journal refused {ME.LOCKED_FOR_DISPATCH.value}: {failure}") from (
+                failure if isinstance(failure, BaseException) else None)
+        if msg is None or not self._dispatch_held(entry):
+            return answered(entry.result())
         return await self._inject(entry, msg)
 
     async def _inject(self, entry: Inbound, msg: Message) -> asyncio.Future[Result]:
