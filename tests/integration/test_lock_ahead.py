@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from crosstalk.agent import Agent, AgentSpec
+from crosstalk.agent import Agent
 from crosstalk.agent.lane import LOCK_AHEAD
 from crosstalk.cli.send import frames
 from crosstalk.core.ids import new_message_id
@@ -34,6 +34,7 @@ from crosstalk.core.states import MessageState
 from crosstalk.harness.fake import FakeHarness, Step
 from crosstalk.store.journal_read import read_journal
 from crosstalk.store.registry import Registry
+from tests.support.agents import fake_agent, running
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -52,13 +53,8 @@ def registry(tmp_path: Path) -> Registry:
 
 @pytest.fixture
 async def bob(registry: Registry, env: dict[str, str]) -> AsyncIterator[Agent]:
-    agent = Agent(registry, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"),
-                  env=env)
-    await agent.start()
-    try:
+    async with running(fake_agent(registry.home, env, "sess-b", "bob")) as (agent,):
         yield agent
-    finally:
-        await agent.stop()
 
 
 def fake(agent: Agent) -> FakeHarness:
@@ -139,7 +135,7 @@ async def test_waiting_uds_messages_are_locked_ahead_in_order(bob: Agent,
 
 async def test_a_lock_ahead_whose_turn_never_came_is_unknown_after_a_stop(
         registry: Registry, env: dict[str, str]) -> None:
-    bob = Agent(registry, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
+    bob = fake_agent(registry.home, env, "sess-b", "bob")
     await bob.start()
     waiting = LOCK_AHEAD + 2
     try:
@@ -158,9 +154,7 @@ async def test_a_lock_ahead_whose_turn_never_came_is_unknown_after_a_stop(
             "submitted", "dispatching", "unknown"]
     for mid in behind:
         assert journal_states(registry, bob.agent_id, mid) == ["submitted"]
-    again = Agent(registry, AgentSpec(FakeHarness(name="fake"), "sess-b", "/w", "bob"), env=env)
-    await again.start()
-    try:
+    async with running(fake_agent(registry.home, env, "sess-b", "bob")) as (again,):
         assert again.receiver is not None
         entries = again.receiver.entries
         assert [entries[mid].state for mid in ahead] == [M.UNKNOWN] * LOCK_AHEAD
@@ -169,8 +163,6 @@ async def test_a_lock_ahead_whose_turn_never_came_is_unknown_after_a_stop(
         for mid in [*ahead, *behind]:
             assert mid in box  # surfaced, not silently dropped
         assert fake(again).writes == []  # nothing is injected again after a restart
-    finally:
-        await again.stop()
 
 
 _KILLED_AGENT = textwrap.dedent("""
@@ -234,10 +226,7 @@ async def test_locks_ahead_survive_a_sigkill_as_unknown(registry: Registry,
         proc.wait()
     await asyncio.gather(*senders, return_exceptions=True)
     assert states()[mids[0]] == ["submitted", "dispatching", "accepted"]
-    again = Agent(registry, AgentSpec(FakeHarness(name="fake"), "sess-k", "/w", "kim"),
-                  env=env)
-    await again.start()
-    try:
+    async with running(fake_agent(registry.home, env, "sess-k", "kim")) as (again,):
         assert again.receiver is not None
         entries = again.receiver.entries
         assert [entries[mid].state for mid in mids[1:2 + LOCK_AHEAD]] == (
@@ -247,8 +236,6 @@ async def test_locks_ahead_survive_a_sigkill_as_unknown(registry: Registry,
         box = {e.message_id for e in again.receiver.mailbox()}
         assert set(mids[1:]) <= box  # surfaced, none silently dropped
         assert fake(again).writes == []
-    finally:
-        await again.stop()
 
 
 class _Remote:
@@ -270,10 +257,7 @@ async def test_an_a2a_message_is_never_locked_ahead(bob: Agent, registry: Regist
                                                     env: dict[str, str]) -> None:
     """A2A messages waiting behind a parked inject stay ``submitted`` (cancelable) until
     their turn, and a uds message behind them is not locked past them."""
-    alice = Agent(registry, AgentSpec(FakeHarness(name="fake"), "sess-a", "/w", "alice"),
-                  env=env)
-    await alice.start()
-    try:
+    async with running(fake_agent(registry.home, env, "sess-a", "alice")) as (alice,):
         assert bob.receiver is not None
         receiver = bob.receiver
         first, second = asyncio.Event(), asyncio.Event()
@@ -298,5 +282,3 @@ async def test_an_a2a_message_is_never_locked_ahead(bob: Agent, registry: Regist
         second.set()
         assert (await asyncio.wait_for(ack_uds, 10))["state"] == "accepted"
         assert fake(bob).texts() == ["m0", "a0", "a1", "a2", "u"]
-    finally:
-        await alice.stop()
