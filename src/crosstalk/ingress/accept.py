@@ -202,21 +202,3 @@ def _first_bytes(conn: socket.socket) -> bytes:
         return conn.recv(FIRST_READ)
     except (BlockingIOError, InterruptedError):
         return b""
-
-
-def serve_streams(client_connected: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
-                                             object],
-                  sock: socket.socket, *, name: str, limit: int = 2 ** 16,
-                  backlog: int = 100) -> Acceptor:
-    """``asyncio.start_unix_server(client_connected, sock=sock, limit=limit)`` on an
-    :class:`Acceptor`: the same streams and callback, without the EMFILE flood."""
-
-    def factory(first: bytes) -> asyncio.BaseProtocol:
-        reader = asyncio.StreamReader(limit=limit)
-        if first:
-            reader.feed_data(first)
-        return asyncio.StreamReaderProtocol(reader, client_connected)  # type: ignore[arg-type]
-
-    acceptor = Acceptor(sock, factory, name=name, backlog=backlog)
-    acceptor.start()
-    return acceptor

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +32,19 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 64
 
 
-@dataclass
+@dataclass(eq=False)
 class Conn:
-    """One connection's task and its place in the budget."""
+    """One connection's place in the budget."""
 
-    task: asyncio.Task[Any]
+    #: Ends the connection: how an eviction, or a stop, ends one that is still reading.
+    close: Callable[[], object]
     #: Still waiting for the frame it will be judged by: counted against the cap, evictable,
-    #: and cancelled outright when the ingress stops (nothing of it was accepted yet).
+    #: and closed outright when the ingress stops (nothing of it was accepted yet).
     reading: bool = True
     #: Closed to make room for a newer connection.
     evicted: bool = False
+    #: The task taking its frame through the receiver chain, once it has one.
+    task: asyncio.Task[Any] | None = None
 
 
 class Connections:
@@ -52,26 +55,24 @@ class Connections:
             raise ValueError("max_connections must be at least 1")
         self.max_readers = max_readers
         self.where = where
-        self._all: dict[asyncio.Task[Any], Conn] = {}
-        self._readers: dict[asyncio.Task[Any], Conn] = {}  # insertion order = accept order
+        self._all: dict[Conn, None] = {}
+        self._readers: dict[Conn, None] = {}  # insertion order = accept order
         self._crowded = False
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+    def __iter__(self) -> Iterator[Conn]:
         return iter(list(self._all))
-
-    def __getitem__(self, task: asyncio.Task[Any]) -> Conn:
-        return self._all[task]
 
     @property
     def readers(self) -> int:
         return len(self._readers)
 
-    def add(self, task: asyncio.Task[Any]) -> Conn:
+    def add(self, close: Callable[[], object]) -> Conn:
         """A new connection, reading; beyond the cap the oldest reader gives its place."""
-        conn = self._all[task] = self._readers[task] = Conn(task)
+        conn = Conn(close)
+        self._all[conn] = self._readers[conn] = None
         if len(self._readers) > self.max_readers:
             self._evict_oldest()
         return conn
@@ -79,20 +80,20 @@ class Connections:
     def done_reading(self, conn: Conn) -> None:
         """``conn`` has its frame (or is ending): it no longer counts against the cap."""
         conn.reading = False
-        self._readers.pop(conn.task, None)
+        self._readers.pop(conn, None)
         if not self._readers:
             self._crowded = False
 
     def remove(self, conn: Conn) -> None:
         self.done_reading(conn)
-        self._all.pop(conn.task, None)
+        self._all.pop(conn, None)
 
     def _evict_oldest(self) -> None:
         # The newcomer was added last, so the oldest reader is another connection.
-        conn = next(iter(self._readers.values()))
+        conn = next(iter(self._readers))
         self.done_reading(conn)
         conn.evicted = True
-        conn.task.cancel()
+        conn.close()
         if not self._crowded:
             # Once per crowded episode (until no connection is reading): a flood of
             # connections must not become a flood of log lines.

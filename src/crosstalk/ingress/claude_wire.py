@@ -17,11 +17,10 @@ rejects and journals it; a kind outside the protocol is refused by the ingress.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from crosstalk.core.envelope import parse_claude
@@ -149,53 +148,61 @@ def ack_line(message_id: str | None, state: str, reason: str | None) -> bytes:
     return json.dumps(ack, separators=(",", ":")).encode() + b"\n"
 
 
-@dataclass
-class Lines:
-    """Reads NDJSON lines with Claude's limits: ``max_line`` characters, and a complete
-    (non-blank) line within ``idle_timeout`` or the connection is closed. The first line has
-    its own, shorter bound when ``first_line_timeout`` is given (counted from when the reader
-    was made, i.e. from accept)."""
+class LineBuffer:
+    """Claude's NDJSON lines out of the bytes a connection delivers, with its limits: a line
+    over ``max_line`` characters closes the connection, blank lines are skipped, a final
+    fragment without ``\\n`` is a line at EOF (Claude parses it). Pure: bytes in, lines out;
+    the clock (its idle timeout) and the socket are the connection's.
 
-    reader: asyncio.StreamReader
-    max_line: int
-    idle_timeout: float
-    first_line_timeout: float | None = None
-    #: Sees every line read, as it came (``crosstalk capture``'s tap).
-    heard: Callable[[str], None] | None = None
-    eof: bool = field(default=False, init=False)
-    _started: bool = field(default=False, init=False)
+    The bytes buffered without a ``\\n`` are bounded too (4 bytes a character), so a sender
+    that never ends its line is cut off as it passes the bound, not when memory runs out."""
 
-    async def next(self) -> str | None:
-        """The next non-blank line, ``None`` at EOF; raises :class:`Close` or :class:`BadFrame`."""
-        first = not self._started and self.first_line_timeout is not None
-        self._started = True
-        bound = self.first_line_timeout if first else self.idle_timeout
-        try:
-            async with asyncio.timeout(bound):
-                while not self.eof:
-                    line = await self._read()
-                    if line is not None and line.strip():
-                        if self.heard is not None:
-                            self.heard(line)
-                        return line
-        except TimeoutError:
-            raise Close("first_line_timeout" if first else "idle_timeout") from None
-        return None
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self.max_bytes = 4 * max_line + 8
+        self.eof = False
+        self._buf = bytearray()
+        self._start = 0
 
-    async def _read(self) -> str | None:
-        try:
-            raw = await self.reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            self.eof = True
-            raw = exc.partial  # a final fragment without "\n" is parsed at EOF (Claude does)
-        except asyncio.LimitOverrunError:
-            raise Close("line_too_long") from None
-        if not raw:
-            return None
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadFrame("not UTF-8") from None
-        if len(line.rstrip("\n")) > self.max_line:
+    def feed(self, data: bytes) -> None:
+        """Bytes as they arrived; raises :class:`Close` once an unended line is over the bound."""
+        self._buf += data
+        if len(self._buf) - self._start > self.max_bytes and (
+                self._buf.find(b"\n", self._start) < 0):
             raise Close("line_too_long")
-        return line
+
+    def end(self) -> None:
+        """The peer has sent all it will (EOF)."""
+        self.eof = True
+
+    def rest(self) -> bytes:
+        """What arrived after the last line :meth:`next` returned (for whoever reads on)."""
+        return bytes(self._buf[self._start:])
+
+    def next(self) -> str | None:
+        """The next non-blank line, ``None`` until one is whole (or, at EOF, none is left).
+
+        Raises :class:`Close` (a line over the limit) or :class:`BadFrame` (not UTF-8)."""
+        while True:
+            end = self._buf.find(b"\n", self._start)
+            if end >= 0:
+                raw = bytes(self._buf[self._start:end + 1])
+                self._start = end + 1
+                if self._start > 65536 and self._start * 2 > len(self._buf):
+                    del self._buf[:self._start]
+                    self._start = 0
+            elif self.eof and self._start < len(self._buf):
+                raw = bytes(self._buf[self._start:])
+                self._start = len(self._buf)
+            else:
+                return None
+            if len(raw) > self.max_bytes:
+                raise Close("line_too_long")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadFrame("not UTF-8") from None
+            if len(line.rstrip("\n")) > self.max_line:
+                raise Close("line_too_long")
+            if line.strip():
+                return line

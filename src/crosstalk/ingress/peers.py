@@ -36,9 +36,9 @@ def verified(desc: Descriptor, peer: Peer | None) -> Sender:
                   peer_pid=peer.pid if peer else None, reply_address=desc.uds_path)
 
 
-def peer_of(writer: asyncio.StreamWriter) -> Peer | None:
+def peer_of(transport: asyncio.BaseTransport) -> Peer | None:
     """The kernel's word on who connected, with the pid's start time read right now."""
-    sock = writer.get_extra_info("socket")
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return None
     try:

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,25 +73,75 @@ def read_key(path: Path, *, check_mode: bool,
     """The key file's content, or ``None`` if it is missing or (``check_mode``) is not a
     regular 0600 file owned by us — then it is refused, never trusted, and ``on_unsafe`` is
     told."""
+    return _read_key(path, check_mode=check_mode, on_unsafe=on_unsafe)[0]
+
+
+def _read_key(path: Path, *, check_mode: bool, on_unsafe: Callable[[], None] | None
+              ) -> tuple[str | None, os.stat_result | None]:
+    """:func:`read_key`, with the ``fstat`` of the file it read (``None`` if it read none)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        return None, None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return None
+            return None, None
         if check_mode and (stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE
                            or st.st_uid != os.getuid()):
             if on_unsafe is not None:
                 on_unsafe()
-            return None
+            return None, None
         raw = os.read(fd, _KEY_READ_LIMIT)
     except OSError:
-        return None
+        return None, None
     finally:
         os.close(fd)
     try:
-        return raw.decode("ascii").strip()
+        return raw.decode("ascii").strip(), st
     except UnicodeDecodeError:
-        return None
+        return None, None
+
+
+#: How old the key file's last change must be before its content is kept between frames: past
+#: any filesystem's timestamp granularity (2 s on the coarsest; the registry's rule too), so a
+#: later write, even in place and of the same size, changes what ``lstat`` says.
+KEY_SETTLED_NS = 2_000_000_000
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
+
+
+class KeyFile:
+    """The key file, checked on every frame as :func:`read_key` with ``check_mode`` does, but
+    read again only when it has changed.
+
+    An ``lstat`` answers for the open, ``fstat``, read and close a frame cost (four syscalls
+    of every uds message, profiled). The content is kept only with the signature of the very
+    file it was read from, and only once that file is settled (:data:`KEY_SETTLED_NS`), so a
+    replacement, a rewrite in place, a ``chmod`` or a removal is seen on the next frame."""
+
+    def __init__(self, path: Path, *, on_unsafe: Callable[[], None] | None = None) -> None:
+        self.path = path
+        self.on_unsafe = on_unsafe
+        self._kept: tuple[tuple[int, ...], str] | None = None
+
+    def current(self) -> str | None:
+        """The key a frame must present now, or ``None`` (missing, or not a 0600 file of ours:
+        every authentication fails)."""
+        kept = self._kept
+        if kept is not None:
+            try:
+                st = os.lstat(self.path)
+            except OSError:
+                st = None
+            if st is not None and _signature(st) == kept[0]:
+                return kept[1]
+            self._kept = None
+        content, st = _read_key(self.path, check_mode=True, on_unsafe=self.on_unsafe)
+        if content is not None and st is not None and (
+                time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > KEY_SETTLED_NS):
+            self._kept = (_signature(st), content)
+        return content

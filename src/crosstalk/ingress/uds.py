@@ -46,7 +46,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -55,8 +55,8 @@ from typing import Any, Protocol
 from crosstalk.capture import stream as capture
 from crosstalk.capture.tap import IN, OUT, UDS, Tap
 from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
-from crosstalk.core.message import Ingress, Sender
-from crosstalk.ingress.accept import Acceptor, serve_streams
+from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.ingress.accept import Acceptor
 from crosstalk.ingress.budget import MAX_CONNECTIONS, Conn, Connections
 from crosstalk.ingress.claude_wire import (
     FIRST_LINE_TIMEOUT,
@@ -64,7 +64,7 @@ from crosstalk.ingress.claude_wire import (
     MAX_LINE,
     BadFrame,
     Close,
-    Lines,
+    LineBuffer,
     ack_line,
     message_of,
     parse_line,
@@ -73,6 +73,7 @@ from crosstalk.ingress.claude_wire import (
 from crosstalk.ingress.peers import Peer, identify, peer_of, verified
 from crosstalk.ingress.socket_files import (
     IngressError,
+    KeyFile,
     clear_stale_socket,
     private_dir,
     read_key,
@@ -152,6 +153,7 @@ class UdsIngress:
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
         self._key_warned = False
+        self._key = KeyFile(self.key_path, on_unsafe=self._warn_key)
 
     @property
     def serving(self) -> bool:
@@ -196,9 +198,10 @@ class UdsIngress:
             os.chmod(self.path, PRIVATE_FILE_MODE)  # the 0700 directory guards the gap
             st = os.lstat(self.path)
             self._socket_id = (st.st_dev, st.st_ino)
-            # start_unix_server without its EMFILE log flood; the bound is in bytes (4 per char)
-            self._server = serve_streams(self._on_connect, sock, name=f"uds ingress {self.path}",
-                                         limit=4 * self.max_line + 8)
+            # the Acceptor: start_unix_server without its EMFILE log flood
+            self._server = Acceptor(sock, partial(_Connection, self),
+                                    name=f"uds ingress {self.path}")
+            self._server.start()
         except BaseException:
             sock.close()
             self._remove_files()
@@ -244,10 +247,16 @@ class UdsIngress:
         await self.lane.settle()
 
     async def _drain_connections(self) -> None:
-        tasks = list(self._conns)
-        for task in tasks:
-            if self._conns[task].reading:
-                task.cancel()  # waiting for input: nothing of it was accepted yet
+        tasks = []
+        for conn in self._conns:
+            if conn.task is None:
+                conn.close()  # still reading: nothing of it was accepted yet
+                self._conns.remove(conn)
+            else:
+                tasks.append(conn.task)
+        if not tasks:
+            await asyncio.sleep(0)
+            return
         _, pending = await asyncio.wait(tasks, timeout=self.close_grace)
         for task in pending:
             task.cancel()  # a dispatch cancelled here is journaled unknown by the receiver
@@ -265,116 +274,81 @@ class UdsIngress:
         self._socket_id = None
         self._token = None
 
-    # -- connections -------------------------------------------------------------------------
+    # -- frames ------------------------------------------------------------------------------
+    # A connection (:class:`_Connection`) reads its frame and hands it here: what can answer
+    # at once does, and what waits (the receiver chain) runs in the connection's one task.
 
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        conn = self._conns.add(task)
-        try:
-            if self._closing:
-                return
-            await self._serve(reader, writer, conn)
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-        except Close as exc:
-            log.debug("uds ingress %s: closed (%s)", self.path, exc.reason)
-        except asyncio.CancelledError:
-            # stop() or an eviction cancelled us. This task is ours alone and ends here;
-            # ending it cancelled would make asyncio's own done-callback log an error.
-            log.debug("uds ingress %s: connection %s", self.path,
-                      "evicted for a newer one" if conn.evicted else "cancelled by stop")
-        except Exception:
-            log.exception("uds ingress %s: connection failed", self.path)
-        finally:
-            self._conns.remove(conn)
-            writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     conn: Conn) -> None:
-        peer = peer_of(writer)
-        if peer is not None and peer.uid != os.getuid():
-            log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
-            return
-        lines = Lines(reader, self.max_line, self.idle_timeout,
-                      first_line_timeout=self.first_line_timeout,
-                      heard=partial(self.tap.emit, UDS, IN))
-        try:
-            first = await lines.next()
-            if first is None:
-                return  # a connect-and-close probe: nothing to say, nothing to record
-            obj = parse_line(first)
-        except BadFrame as exc:
-            log.debug("uds ingress %s: bad first line (%s)", self.path, exc)
-            return
+    def _first_line(self, conn: _Connection, obj: Mapping[str, Any]) -> None:
         kind = obj.get("type")
         if kind == "auth":
-            await self._shape_a(obj, lines, writer, peer, conn)
+            token = obj.get("token")
+            if not isinstance(token, str) or not self._token_ok(token):
+                conn.done_reading()
+                log.info("uds ingress %s: authentication failed", self.path)
+                conn.reply(None, "rejected", "auth_failed")
+                return
+            conn.authenticated()
             return
-        self._conns.done_reading(conn)  # the first line is the frame
+        conn.done_reading()  # the first line is the frame
         if kind == "user":
-            await self._shape_b(obj, peer)
+            conn.spawn(self._shape_b(obj, conn.peer))
         elif kind == "control":
             # Receipts (peer_message_status) and other control frames are not messages: never
             # injected, never answered; the handler decides whether they name our frames.
-            self._control(obj, peer)
+            self._control(obj, conn.peer)
+            conn.close()
         else:
             log.debug("uds ingress %s: unknown frame type", self.path)
+            conn.close()
 
-    async def _shape_a(self, auth: Mapping[str, Any], lines: Lines,
-                       writer: asyncio.StreamWriter, peer: Peer | None, conn: Conn) -> None:
-        token = auth.get("token")
-        if not isinstance(token, str) or not self._token_ok(token):
-            self._conns.done_reading(conn)
-            log.info("uds ingress %s: authentication failed", self.path)
-            await self._ack(writer, None, "rejected", "auth_failed")
-            return
+    def _frame_after_auth(self, conn: _Connection, obj: Mapping[str, Any]) -> None:
+        """Shape (a)'s second line (the auth line has been accepted)."""
         try:
-            try:
-                line = await lines.next()
-            finally:
-                self._conns.done_reading(conn)  # the frame is in hand, or the connection ends
-            if line is None:
-                raise BadFrame("no user line after auth")
-            obj = parse_line(line)
-            if obj.get("type") == "control":
-                self._control(obj, peer)
+            kind = obj.get("type")
+            if kind == "control":
+                self._control(obj, conn.peer)
+                conn.close()
                 return
-            if obj.get("type") == capture.CAPTURE_TYPE:  # outside the cap, never a wait
+            if kind == capture.CAPTURE_TYPE:  # outside the cap, never a wait
+                reader, writer = conn.streams()
                 full = ack_line(None, "rejected", capture.REFUSED_REASON)
-                await capture.serve(self.tap, lines.reader, writer, full)
+                conn.spawn(capture.serve(self.tap, reader, writer, full))
                 return
-            if obj.get("type") != "user":
+            if kind != "user":
                 raise BadFrame("not a user frame")
             frame = user_frame(obj)
         except BadFrame as exc:
-            log.debug("uds ingress %s: bad frame after auth (%s)", self.path, exc)
-            await self._ack(writer, None, "rejected", "bad_frame")
+            self._bad_frame_after_auth(conn, exc)
             return
         if frame.kind is None:
-            await self._ack(writer, frame.message_id, "rejected", "unknown_kind")
+            conn.reply(frame.message_id, "rejected", "unknown_kind")
             return
-        msg = message_of(frame, self._sender(peer))
+        msg = message_of(frame, self._sender(conn.peer))
         # A retry of an admitted message is answered from the past (never denied); only a new
         # message waits for an outcome, and waiting is bounded (the module docstring).
         waits = msg.message_id not in self.receiver.entries
         if waits and (refused := self.receiver.admission.reserve_wait()) is not None:
             log.debug("uds ingress %s: no free wait slot, %s refused", self.path,
                       msg.message_id)
-            await self._ack(writer, msg.message_id, "rejected", refused)
+            conn.reply(msg.message_id, "rejected", refused)
             return
+        conn.spawn(self._shape_a(conn, msg, waits))
+
+    def _bad_frame_after_auth(self, conn: _Connection, exc: BadFrame) -> None:
+        log.debug("uds ingress %s: bad frame after auth (%s)", self.path, exc)
+        conn.reply(None, "rejected", "bad_frame")
+
+    async def _shape_a(self, conn: _Connection, msg: Message, waits: bool) -> None:
         try:
             result = await self.receiver.receive(msg, dispatch=self.lane.dispatch, fused=True)
         except ReceiverUnavailable as exc:
             log.warning("uds ingress %s: %s", self.path, exc)
-            await self._ack(writer, msg.message_id, "error", "journal_unavailable")
+            conn.reply(msg.message_id, "error", "journal_unavailable")
             return
         finally:
             if waits:
                 self.receiver.admission.release_wait()
-        await self._ack(writer, result.message_id, result.state.value, result.reason)
+        conn.reply(result.message_id, result.state.value, result.reason)
 
     async def _shape_b(self, obj: Mapping[str, Any], peer: Peer | None) -> None:
         # Nothing is ever written back on this shape: Claude's sender reads EOF as success.
@@ -412,15 +386,6 @@ class UdsIngress:
         except Exception:
             log.exception("uds ingress %s: control frame handler failed", self.path)
 
-    async def _ack(self, writer: asyncio.StreamWriter, message_id: str | None, state: str,
-                   reason: str | None) -> None:
-        ack = ack_line(message_id, state, reason)
-        self.tap.emit(UDS, OUT, ack)
-        writer.write(ack)
-        with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(self.close_grace):
-                await writer.drain()
-
     # -- identity ----------------------------------------------------------------------------
 
     def _sender(self, peer: Peer | None) -> Sender:
@@ -433,7 +398,7 @@ class UdsIngress:
         return identify(self.registry, peer, str(self.path))
 
     def _token_ok(self, token: str) -> bool:
-        stored = self._read_key(check_mode=True)
+        stored = self._key.current()
         return bool(stored) and stored is not None and hmac.compare_digest(
             stored.encode(), token.encode())
 
@@ -445,3 +410,190 @@ class UdsIngress:
             self._key_warned = True
             log.warning("uds ingress %s: key file %s is not a 0600 file of ours; refusing "
                         "every authentication", self.path, self.key_path)
+
+
+# -- one connection ---------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One connection, read as its bytes arrive: the frame's lines are split and judged in
+    ``data_received`` (:class:`~crosstalk.ingress.claude_wire.LineBuffer`), under one timer,
+    and a task is started only for what has to wait: the receiver chain, or a capture.
+
+    Streams and a task per connection cost every message about a dozen loop callbacks more
+    (a task, a stream reader and writer, a timeout per line, the close waiter): most of the
+    loop's work once the lane stopped waiting on writes (ADR 0048)."""
+
+    def __init__(self, ingress: UdsIngress, first: bytes) -> None:
+        self.ingress = ingress
+        self.peer: Peer | None = None
+        self._first = first
+        self._lines = LineBuffer(ingress.max_line)
+        self._transport: asyncio.Transport | None = None
+        self._conn: Conn | None = None
+        self._authed = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- the transport's calls ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        ingress = self.ingress
+        if ingress._closing:
+            transport.close()
+            return
+        self.peer = peer = peer_of(transport)
+        if peer is not None and peer.uid != os.getuid():
+            log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
+            transport.close()
+            return
+        self._conn = ingress._conns.add(self._evict)
+        self._arm(ingress.first_line_timeout, "first_line_timeout")
+        first, self._first = self._first, b""
+        if first:
+            self.data_received(first)
+
+    def data_received(self, data: bytes) -> None:
+        if self._conn is None or not self._conn.reading:
+            return  # the frame is in hand: what follows is not read
+        try:
+            self._lines.feed(data)
+        except Close as exc:
+            self.close(exc.reason)
+            return
+        self._read()
+
+    def eof_received(self) -> bool:
+        if self._conn is not None and self._conn.reading:
+            self._lines.end()
+            self._read()
+        return True  # our side stays open: shape (a)'s ack may still be on its way
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        conn = self._conn
+        if conn is not None and conn.task is None:
+            self.ingress._conns.remove(conn)
+
+    # -- reading the frame -------------------------------------------------------------------
+
+    def _read(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        try:
+            while conn.reading and (obj := self._next_object()) is not None:
+                if self._authed:
+                    self.done_reading()
+                    self.ingress._frame_after_auth(self, obj)
+                else:
+                    self.ingress._first_line(self, obj)
+        except Close as exc:
+            self.close(exc.reason)
+        except BadFrame as exc:
+            if self._authed:
+                self.done_reading()
+                self.ingress._bad_frame_after_auth(self, exc)
+            else:
+                log.debug("uds ingress %s: bad first line (%s)", self.ingress.path, exc)
+                self.close()
+        except Exception:
+            log.exception("uds ingress %s: connection failed", self.ingress.path)
+            self.close()
+
+    def _next_object(self) -> Mapping[str, Any] | None:
+        """The next line's object, ``None`` until one is whole; raises :class:`Close` and
+        :class:`BadFrame` as :class:`LineBuffer` and :func:`parse_line` do."""
+        line = self._lines.next()
+        if line is None:
+            if self._lines.eof:
+                if self._authed:
+                    raise BadFrame("no user line after auth")
+                self.close()  # a connect-and-close probe: nothing to say, nothing to record
+            return None
+        self.ingress.tap.emit(UDS, IN, line)
+        return parse_line(line)
+
+    def authenticated(self) -> None:
+        """The auth line is good: the frame's next line must come within the idle bound."""
+        self._authed = True
+        self._arm(self.ingress.idle_timeout, "idle_timeout")
+
+    def done_reading(self) -> None:
+        """The frame is in hand (or the connection ends): out of the cap, off the timer."""
+        self._disarm()
+        if self._conn is not None:
+            self.ingress._conns.done_reading(self._conn)
+
+    # -- answering ---------------------------------------------------------------------------
+
+    def reply(self, message_id: str | None, state: str, reason: str | None) -> None:
+        """Write the one ack line and close (the transport flushes it before it closes)."""
+        ack = ack_line(message_id, state, reason)
+        self.ingress.tap.emit(UDS, OUT, ack)
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(ack)
+        self.close()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as this connection's task; the connection ends when it does."""
+        assert self._conn is not None
+        self._conn.task = asyncio.get_running_loop().create_task(self._run(work))
+
+    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
+            # would make asyncio's own done-callback log an error.
+            log.debug("uds ingress %s: connection cancelled by stop", self.ingress.path)
+        except Exception:
+            log.exception("uds ingress %s: connection failed", self.ingress.path)
+        finally:
+            if self._conn is not None:
+                self.ingress._conns.remove(self._conn)
+            if self._transport is not None:
+                self._transport.close()
+
+    def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The rest of the connection as streams (a capture reads and writes for long): the
+        transport is handed to a stream protocol, with what arrived after the frame."""
+        transport = self._transport
+        assert transport is not None
+        reader = asyncio.StreamReader(limit=self.ingress.max_line)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if rest := self._lines.rest():
+            reader.feed_data(rest)
+        if self._lines.eof:
+            reader.feed_eof()
+        return reader, asyncio.StreamWriter(transport, protocol, reader,
+                                            asyncio.get_running_loop())
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def close(self, reason: str | None = None) -> None:
+        """End the connection, writing nothing more."""
+        if reason is not None:
+            log.debug("uds ingress %s: closed (%s)", self.ingress.path, reason)
+        self._disarm()
+        conn = self._conn
+        if conn is not None and conn.task is None:
+            self.ingress._conns.remove(conn)
+        if self._transport is not None:
+            self._transport.close()
+
+    def _evict(self) -> None:
+        log.debug("uds ingress %s: connection evicted for a newer one", self.ingress.path)
+        self.close()
+
+    def _arm(self, seconds: float, reason: str) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self.close, reason)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
