@@ -35,8 +35,8 @@ It prints a ``start`` line when its warm-up is done and waits for ``go`` on stdi
 process takes its own ``process_time()`` just before writing ``go`` and again when it has read
 every sender's result line, so the server's CPU window brackets the senders' (by one pipe hop
 each way, tens of µs in a window of seconds) and includes that pipe I/O (negligible).
-``--profile`` runs cProfile on the server over the same window and prints the top packages by
-own time (profiled runs are slower: take their figures as shares, not costs).
+``--profile`` runs cProfile (on CPU time) on the server over the same window and prints the top
+packages by own time (profiled runs are slower: take their figures as shares, not costs).
 """
 
 from __future__ import annotations
@@ -122,10 +122,14 @@ async def main():
                 message_id=uuid.uuid4().hex, role=pb.ROLE_USER,
                 parts=[pb.Part(text=f"floor-{i}")]))
             state = None
-            async for event in client.send_message(request):
-                if event.HasField("task"):
-                    state = event.task.status.state
-            return state == pb.TASK_STATE_COMPLETED
+            try:
+                async for event in client.send_message(request):
+                    if event.HasField("task"):
+                        state = event.task.status.state
+            except Exception as exc:  # counted, by cause, not fatal
+                cause = exc.__cause__ or exc
+                return f"{type(exc).__name__}:{type(cause).__name__}"
+            return state == pb.TASK_STATE_COMPLETED or f"state:{state}"
 
         sem = asyncio.Semaphore(conc)
 
@@ -154,8 +158,12 @@ async def main():
             profile.disable()
             profile.dump_stats(profile_to)
         await client.close()
-    print(json.dumps({"accepted": sum(ok), "seconds": seconds, "cpu": cpu,
-                      "latencies": latencies}), flush=True)
+    errors = {}
+    for o in ok:
+        if o is not True:
+            errors[o] = errors.get(o, 0) + 1
+    print(json.dumps({"accepted": ok.count(True), "seconds": seconds, "cpu": cpu,
+                      "errors": errors, "latencies": latencies}), flush=True)
 
 asyncio.run(main())
 """
@@ -306,8 +314,13 @@ async def run(*, http: str, total: int, conc: int, warm: int, sequential: bool,
     n = sum(r["accepted"] for r in results)
     seconds = max(r["seconds"] for r in results)
     client_cpu = sum(r["cpu"] for r in results)
+    errors: dict[str, int] = {}
+    for r in results:
+        for cause, count in r["errors"].items():
+            errors[cause] = errors.get(cause, 0) + count
     out: dict[str, object] = {
-        "accepted": n, "failed": total - n, "seconds": round(seconds, 3),
+        "accepted": n, "failed": total - n, **({"errors": errors} if errors else {}),
+        "seconds": round(seconds, 3),
         "server_cpu_us_per_msg": round(server_cpu / total * 1e6, 1),
         "client_cpu_us_per_msg": round(client_cpu / total * 1e6, 1),
         "server_cpu_share": round(server_cpu / seconds, 3),
@@ -356,7 +369,9 @@ def top_packages(profile: cProfile.Profile, k: int = 15) -> list[tuple[str, floa
 
 
 def main(args: argparse.Namespace) -> None:
-    profile = cProfile.Profile() if args.profile else None
+    # CPU time, not wall: in --sequential the loop mostly waits in epoll for the next request,
+    # and a wall-clock profile would rank that wait first.
+    profile = cProfile.Profile(time.process_time_ns, 1e-9) if args.profile else None
     res = asyncio.run(run(
         http=args.http, total=args.messages,
         conc=args.senders if args.sequential else args.concurrency, warm=args.warmup,

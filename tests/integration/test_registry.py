@@ -1320,6 +1320,7 @@ def test_a_descriptor_written_within_the_settling_time_is_read_every_scan(
 
     monkeypatch.setattr(registry_module, "read_descriptor", counting)
     monkeypatch.setattr(registry_module, "_SETTLED_NS", 10 ** 15)  # nothing ever settles
+    monkeypatch.setattr(registry_module, "_SETTLED_FINE_NS", 10 ** 15)
     plant(registry, make_descriptor())
     for _ in range(3):
         assert [d.name for d in registry.live()] == ["alpha"]

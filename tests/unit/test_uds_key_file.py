@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -41,6 +43,7 @@ def test_a_settled_key_is_kept_and_read_once(key: Path, monkeypatch: pytest.Monk
 
 def test_a_key_written_just_now_is_not_kept(key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket_files, "KEY_SETTLED_NS", 10 ** 15)
+    monkeypatch.setattr(socket_files, "KEY_SETTLED_FINE_NS", 10 ** 15)
     kf = KeyFile(key)
     assert kf.current() == "a" * 32
     assert not kept(kf)
@@ -93,3 +96,20 @@ def test_a_removed_key_fails_every_frame(key: Path) -> None:
     key.unlink()
     assert kf.current() is None
     assert not kept(kf)
+
+
+def test_settled_waits_longer_for_a_filesystem_of_whole_seconds(tmp_path: Path) -> None:
+    from crosstalk.store.files import SETTLED_FINE_NS, SETTLED_NS, settled
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    base = 1_700_000_000 * 10 ** 9
+    os.utime(path, ns=(base, base + 123_456_789))  # sub-second times: a fine filesystem
+    st = os.lstat(path)
+    changed = max(st.st_mtime_ns, st.st_ctime_ns)
+    assert not settled(st, changed + SETTLED_FINE_NS)
+    assert settled(st, changed + SETTLED_FINE_NS + 1)
+    # A filesystem of whole seconds (the ctime here cannot be set, so it is made up).
+    coarse = cast(os.stat_result, SimpleNamespace(st_mtime_ns=base, st_ctime_ns=base))
+    assert not settled(coarse, base + SETTLED_FINE_NS + 1)
+    assert not settled(coarse, base + SETTLED_NS)
+    assert settled(coarse, base + SETTLED_NS + 1)

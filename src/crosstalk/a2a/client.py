@@ -122,10 +122,12 @@ async def send(url: str, token: str, text: str, *, kind: str = "inform",
                                         in_reply_to=in_reply_to, hop_chain=hop_chain)
     if meta:
         message.metadata.update(meta)
+    # history_length 0: the answer is read from the task's status and metadata alone
+    # (result_from_task), so the peer need not write the message back nor we parse it again.
     request = pb.SendMessageRequest(
         message=message,
         configuration=pb.SendMessageConfiguration(
-            return_immediately=return_immediately or until_delivered))
+            return_immediately=return_immediately or until_delivered, history_length=0))
 
     async def attempt(http: httpx.AsyncClient | None, budget: float) -> Attempt[SendResult]:
         started = time.monotonic()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+from crosstalk.store.files import SETTLED_FINE_NS, SETTLED_NS, settled
 
 _KEY_READ_LIMIT = 4096
 
@@ -103,10 +104,12 @@ def _read_key(path: Path, *, check_mode: bool, on_unsafe: Callable[[], None] | N
         return None, None
 
 
-#: How old the key file's last change must be before its content is kept between frames: past
-#: any filesystem's timestamp granularity (2 s on the coarsest; the registry's rule too), so a
-#: later write, even in place and of the same size, changes what ``lstat`` says.
-KEY_SETTLED_NS = 2_000_000_000
+#: How old the key file's last change must be before its content is kept between frames
+#: (:func:`crosstalk.store.files.settled`, the registry's rule too): past the filesystem's
+#: timestamp granularity, so a later write, even in place and of the same size, changes what
+#: ``lstat`` says; the second for a filesystem with sub-second times.
+KEY_SETTLED_NS = SETTLED_NS
+KEY_SETTLED_FINE_NS = SETTLED_FINE_NS
 
 
 def _signature(st: os.stat_result) -> tuple[int, ...]:
@@ -141,7 +144,7 @@ class KeyFile:
                 return kept[1]
             self._kept = None
         content, st = _read_key(self.path, check_mode=True, on_unsafe=self.on_unsafe)
-        if content is not None and st is not None and (
-                time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > KEY_SETTLED_NS):
+        if content is not None and st is not None and settled(
+                st, time.time_ns(), coarse_ns=KEY_SETTLED_NS, fine_ns=KEY_SETTLED_FINE_NS):
             self._kept = (_signature(st), content)
         return content

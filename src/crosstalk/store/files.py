@@ -24,6 +24,24 @@ from typing import Protocol
 
 from crosstalk.config import PRIVATE_FILE_MODE, fsync_dir
 
+#: How old a file's last change must be before what was read from it may be kept on the word of
+#: its ``lstat`` alone: past the filesystem's timestamp granularity, so that any later write,
+#: even in place and of the same size, changes its times. 2 s covers the coarsest (FAT).
+SETTLED_NS = 2_000_000_000
+#: The same for a file whose times have a sub-second part: such a filesystem (ext4, xfs,
+#: btrfs, tmpfs) stamps times from the kernel's clock tick, 10 ms at the coarsest. A whole-second
+#: time (a coarse filesystem, or one write in a billion on a fine one) gets :data:`SETTLED_NS`.
+SETTLED_FINE_NS = 50_000_000
+
+
+def settled(st: os.stat_result, now_ns: int, *, coarse_ns: int = SETTLED_NS,
+            fine_ns: int = SETTLED_FINE_NS) -> bool:
+    """Whether ``st`` (an ``lstat``/``fstat``) was last changed long enough before ``now_ns``
+    (``time.time_ns()``) that a later change cannot leave the same times."""
+    changed = max(st.st_mtime_ns, st.st_ctime_ns)
+    fine = st.st_mtime_ns % 1_000_000_000 != 0 or st.st_ctime_ns % 1_000_000_000 != 0
+    return now_ns - changed > (min(coarse_ns, fine_ns) if fine else coarse_ns)
+
 
 class StatePathError(OSError):
     """A path where CrossTalk keeps one of its files holds something else (see module doc)."""

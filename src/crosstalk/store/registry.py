@@ -53,7 +53,15 @@ from crosstalk.store.descriptor import (
     own_process_identity,
     read_descriptor,
 )
-from crosstalk.store.files import FileLock, StatePathError, is_locked, unlink_durable
+from crosstalk.store.files import (
+    SETTLED_FINE_NS,
+    SETTLED_NS,
+    FileLock,
+    StatePathError,
+    is_locked,
+    settled,
+    unlink_durable,
+)
 from crosstalk.store.registration import NameChoice, NoFreeName, Registration
 
 #: The descriptor's and the registration's names are the registry's public face too: callers
@@ -209,7 +217,8 @@ class Registry:
         name or token among many costs one test, not one per registered agent.
 
         A file whose ``lstat`` is what it was when it was last read, and was then already
-        :data:`_SETTLED_NS` old, is not read again (a send, a bearer check and a uds frame each
+        settled (:func:`~crosstalk.store.files.settled`: 50 ms old on a filesystem with
+        sub-second times, else 2 s), is not read again (a send, a bearer check and a uds frame each
         scan: reading 16 files was ~330 us of every message between 16 agents). Any write
         since changes its times (or its inode, or its type), so a change is always seen; a file
         written within a timestamp tick of its read is read again until it is settled."""
@@ -228,8 +237,8 @@ class Registry:
                 continue
             path = self.agents_dir / name
             read = _read_at(path)
-            if st is not None and sig is not None and (
-                    now - max(st.st_mtime_ns, st.st_ctime_ns) > _SETTLED_NS):
+            if st is not None and sig is not None and settled(
+                    st, now, coarse_ns=_SETTLED_NS, fine_ns=_SETTLED_FINE_NS):
                 seen[name] = _Seen(sig, path, read)
             else:
                 seen.pop(name, None)
@@ -369,9 +378,11 @@ class Registry:
                         tmp.unlink()
 
 
-#: How old a descriptor file's last change must be before its parse is kept: past any
-#: filesystem's timestamp granularity (2 s on the coarsest), so a later write changes it.
-_SETTLED_NS = 2_000_000_000
+#: How old a descriptor file's last change must be before its parse is kept
+#: (:func:`crosstalk.store.files.settled`): past the filesystem's timestamp granularity, so a
+#: later write changes it; the second for a filesystem with sub-second times.
+_SETTLED_NS = SETTLED_NS
+_SETTLED_FINE_NS = SETTLED_FINE_NS
 
 
 class _Seen(NamedTuple):
