@@ -70,7 +70,7 @@ from crosstalk.ingress.claude_wire import (
     parse_line,
     user_frame,
 )
-from crosstalk.ingress.peers import Peer, identify, peer_of, verified
+from crosstalk.ingress.peers import Peer, StartTimes, identify, peer_of, verified
 from crosstalk.ingress.socket_files import (
     IngressError,
     KeyFile,
@@ -154,6 +154,8 @@ class UdsIngress:
         self._socket_id: tuple[int, int] | None = None
         self._key_warned = False
         self._key = KeyFile(self.key_path, on_unsafe=self._warn_key)
+        #: Senders' start times, kept while they live (a /proc read per frame otherwise).
+        self.start_times = StartTimes()
 
     @property
     def serving(self) -> bool:
@@ -240,6 +242,7 @@ class UdsIngress:
                 await asyncio.sleep(0)
         await server.wait_closed()
         self._remove_files()
+        self.start_times.close()
         log.debug("uds ingress on %s stopped", self.path)
 
     async def settle(self) -> None:
@@ -432,6 +435,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._conn: Conn | None = None
         self._authed = False
+        self._since = 0.0  # loop time the current bound counts from (accept, then auth)
         self._timer: asyncio.TimerHandle | None = None
 
     # -- the transport's calls ---------------------------------------------------------------
@@ -443,16 +447,15 @@ class _Connection(asyncio.Protocol):
         if ingress._closing:
             transport.close()
             return
-        self.peer = peer = peer_of(transport)
+        self.peer = peer = peer_of(transport, ingress.start_times)
         if peer is not None and peer.uid != os.getuid():
             log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
             transport.close()
             return
         self._conn = ingress._conns.add(self._evict)
-        self._arm(ingress.first_line_timeout, "first_line_timeout")
+        self._since = asyncio.get_running_loop().time()
         first, self._first = self._first, b""
-        if first:
-            self.data_received(first)
+        self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
         if self._conn is None or not self._conn.reading:
@@ -506,9 +509,11 @@ class _Connection(asyncio.Protocol):
         :class:`BadFrame` as :class:`LineBuffer` and :func:`parse_line` do."""
         line = self._lines.next()
         if line is None:
-            if self._lines.eof:
-                if self._authed:
-                    raise BadFrame("no user line after auth")
+            if not self._lines.eof:
+                self._wait()
+            elif self._authed:
+                raise BadFrame("no user line after auth")
+            else:
                 self.close()  # a connect-and-close probe: nothing to say, nothing to record
             return None
         self.ingress.tap.emit(UDS, IN, line)
@@ -517,7 +522,8 @@ class _Connection(asyncio.Protocol):
     def authenticated(self) -> None:
         """The auth line is good: the frame's next line must come within the idle bound."""
         self._authed = True
-        self._arm(self.ingress.idle_timeout, "idle_timeout")
+        self._disarm()
+        self._since = asyncio.get_running_loop().time()
 
     def done_reading(self) -> None:
         """The frame is in hand (or the connection ends): out of the cap, off the timer."""
@@ -589,9 +595,16 @@ class _Connection(asyncio.Protocol):
         log.debug("uds ingress %s: connection evicted for a newer one", self.ingress.path)
         self.close()
 
-    def _arm(self, seconds: float, reason: str) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(seconds, self.close, reason)
+    def _wait(self) -> None:
+        """The frame is not whole yet: bound the wait for its next line, from accept for the
+        first line, from the auth line for the next. Armed only now, so a frame that came
+        whole with its connection (every sender writes it at once) costs no timer."""
+        if self._timer is None:
+            ingress = self.ingress
+            bound, reason = ((ingress.idle_timeout, "idle_timeout") if self._authed
+                             else (ingress.first_line_timeout, "first_line_timeout"))
+            self._timer = asyncio.get_running_loop().call_at(self._since + bound, self.close,
+                                                             reason)
 
     def _disarm(self) -> None:
         if self._timer is not None:
