@@ -15,7 +15,13 @@ reason). ``--path both`` (the default) prints both figures, beside one baseline.
 
 The baseline `raw_write_fsync_per_sec` is a loop of one small `write` + `fsync` on the same
 filesystem in the same run: the ceiling one-record-per-fsync could reach. Group commit is
-what lets the figure go past it.
+what lets the figure go past it. With the uds path, `bare_uds_server` runs the same senders
+against an asyncio unix server that only reads the frame and acks it: the floor the loop, the
+kernel and the senders themselves set, with nothing of CrossTalk's work in it.
+
+Each figure also prints the receiver's CPU per message (this process, every thread, over the
+child's life: its imports cost the receiver nothing) and the senders' (over their timed
+window), so a run on a slower or busier machine can still be read per message.
 """
 
 from __future__ import annotations
@@ -157,11 +163,55 @@ async def sustained(tmp: Path, path: str, total: int, conc: int) -> dict[str, ob
             "sender_cpu_us_per_msg": round(res["cpu"] / n * 1e6), **extra}
 
 
+class _BareAck(asyncio.Protocol):
+    """The least a uds server can do for a shape (a) frame: take its two lines, ack, close."""
+
+    ACK = b'{"type":"ack","message_id":null,"state":"accepted","reason":null}\n'
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.buf.count(b"\n") >= 2:
+            self.transport.write(self.ACK)
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return True
+
+
+async def bare_uds(tmp: Path, total: int, conc: int) -> dict[str, object]:
+    """The same senders against a bare asyncio unix server (no key, identity, journal or
+    session): the floor the event loop, the kernel and the senders set on this machine."""
+    path = str(tmp / "bare.sock")
+    server = await asyncio.get_running_loop().create_unix_server(_BareAck, path)
+    try:
+        cpu = time.process_time()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _SENDERS, path, "x" * 32, str(total), str(conc),
+            stdout=subprocess.PIPE)
+        out, _ = await proc.communicate()
+        cpu = time.process_time() - cpu
+    finally:
+        server.close()
+        await server.wait_closed()
+    res = json.loads(out)
+    n = max(res["accepted"], 1)
+    return {"accepted": res["accepted"], "per_sec": round(res["accepted"] / res["seconds"], 1),
+            "receiver_cpu_us_per_msg": round(cpu / n * 1e6),
+            "sender_cpu_us_per_msg": round(res["cpu"] / n * 1e6)}
+
+
 def main(total: int, conc: int, paths: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="ct-bench-tp-", dir="/tmp") as d:
         tmp = Path(d)
         raw = raw_write_fsync_per_sec(tmp)
         emit(figure="raw_write_fsync_per_sec", per_sec=round(raw, 1))
+        if "uds" in paths:
+            emit(figure="bare_uds_server", messages=total, concurrency=conc,
+                 **asyncio.run(bare_uds(tmp, total, conc)))
         for path in paths:
             res = asyncio.run(sustained(tmp, path, total, conc))
             emit(figure=f"{path}_sustained_into_one_agent", messages=total, concurrency=conc,

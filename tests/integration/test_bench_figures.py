@@ -34,6 +34,19 @@ def test_throughput_counts_every_durable_answer_on_both_paths() -> None:
         assert "not_accepted" not in fig
         assert fig["baseline"] == "raw_write_fsync_per_sec"
         assert fig["baseline_per_sec"] == got["raw_write_fsync_per_sec"]["per_sec"]
+        assert fig["receiver_cpu_us_per_msg"] > 0
+        assert fig["sender_cpu_us_per_msg"] > 0
+    assert got["bare_uds_server"]["accepted"] == 40  # the floor, from the same senders
+
+
+def test_the_a2a_floor_counts_completed_tasks_from_the_bare_sdk_stack() -> None:
+    got = figures("a2a_floor.py", "--messages", "40", "--concurrency", "8", "--warmup", "5")
+    fig = got["a2a_sdk_floor_msgs_per_sec"]
+    assert fig["accepted"] == fig["messages"] == 40
+    assert fig["failed"] == 0
+    assert fig["value"] > 0
+    assert fig["server_cpu_us_per_msg"] > 0
+    assert fig["client_cpu_us_per_msg"] > 0
 
 
 def test_all_to_all_reads_its_losses_back_from_the_journals() -> None:
@@ -56,7 +69,8 @@ def test_ab_runs_both_sides_and_reports_each_figure_per_side() -> None:
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert {(x["side"], x["figure"]) for x in lines} == {
         (side, fig) for side in "ab"
-        for fig in ("raw_write_fsync_per_sec", "uds_sustained_into_one_agent")}
+        for fig in ("raw_write_fsync_per_sec", "bare_uds_server",
+                    "uds_sustained_into_one_agent")}
     assert all(x["runs"] == 2 for x in lines)
     assert all(x["accepted"] == 10 for x in lines if x["figure"].startswith("uds"))
     assert done.stderr.count('"figure": "uds_sustained_into_one_agent"') == 4  # every run's
