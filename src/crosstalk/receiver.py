@@ -81,7 +81,7 @@ __all__ = ["Inbound", "Listener", "NeverAdmitted", "Receiver", "ReceiverUnavaila
 
 def message_record(msg: Message, binding: Binding | None) -> dict[str, Any]:
     """The journal record of an admitted message (its first, ``submitted``)."""
-    return MessageSubmitted.of(msg, binding.as_record() if binding else None).to_dict()
+    return MessageSubmitted.record_of(msg, binding.as_record() if binding else None)
 
 
 @dataclass

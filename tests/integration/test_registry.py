@@ -1306,6 +1306,36 @@ def test_a_settled_descriptor_is_not_reread_and_any_change_is_seen(
     assert registry.scan() == ([], [])
 
 
+def test_the_kept_listing_sees_every_name_added_removed_or_renamed(
+        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A settled directory's listing is kept between scans; any name that comes or goes
+    # changes the directory's times, so the next scan lists it again.
+    from crosstalk.store import registry as registry_module
+    monkeypatch.setattr(registry_module, "_SETTLED_NS", -(10 ** 12))  # everything settled
+    listings: list[object] = []
+    real = os.scandir
+
+    def counting(path: Any) -> Any:
+        listings.append(path)
+        return real(path)
+
+    monkeypatch.setattr(registry_module.os, "scandir", counting)
+    first = plant(registry, make_descriptor())
+    assert [d.name for d in registry.live()] == ["alpha"]
+    assert [d.name for d in registry.live()] == ["alpha"]
+    assert len(listings) == 1, "the second scan kept the first one's listing"
+    plant(registry, make_descriptor(session="s-2", name="bravo"))  # a name added
+    assert sorted(d.name for d in registry.live()) == ["alpha", "bravo"]
+    moved = first.with_name("zz-" + first.name)
+    first.rename(moved)  # renamed: listed under its new name (unreadable there: not its id)
+    listed, bad = registry.scan()
+    assert [x.descriptor.name for x in listed] == ["bravo"]
+    assert [b.path for b in bad] == [moved]
+    moved.unlink()  # removed
+    assert registry.scan() == (listed, [])
+    assert len(listings) == 4
+
+
 def test_a_descriptor_written_within_the_settling_time_is_read_every_scan(
         registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two writes within one timestamp tick can leave the same lstat: a file that new is not

@@ -183,3 +183,26 @@ def test_parse_never_raises(raw: dict[str, Any]) -> None:
     rec = parse_record(raw)
     if not isinstance(rec, Unreadable):
         assert parse_record({**rec.to_dict(), "seq": rec.seq, "ts": rec.ts}) == rec
+
+
+_texts = st.text(max_size=20)
+_opt_texts = st.none() | st.text(max_size=12)
+
+
+@given(st.builds(
+    Message, message_id=st.text(min_size=1, max_size=12),
+    sender=st.builds(Sender, agent_id=_opt_texts, name=_opt_texts, role=_opt_texts,
+                     ingress=st.sampled_from(list(Ingress)),
+                     peer_pid=st.none() | st.integers(1, 2 ** 22), reply_address=_opt_texts),
+    text=_texts, kind=st.sampled_from(list(Kind)), delivery=st.sampled_from(list(DeliveryMode)),
+    in_reply_to=_opt_texts, context_id=_opt_texts, task_id=_opt_texts,
+    deadline_seconds=st.integers(0, 10 ** 6), hop_chain=st.lists(_texts, max_size=3).map(tuple),
+    sent_at=st.none() | st.floats(allow_nan=False), continuation=st.booleans(),
+    native=st.booleans(), asserted=st.dictionaries(_texts, _texts, max_size=3),
+    repaired=st.lists(st.sampled_from(["text", "in_reply_to"]), max_size=2).map(tuple)),
+    st.none() | st.dictionaries(_texts, _opt_texts, max_size=3))
+def test_the_submitted_record_built_directly_is_the_record_of_the_dataclass(
+        msg: Message, binding: dict[str, str | None] | None) -> None:
+    assert MessageSubmitted.record_of(msg, binding) == MessageSubmitted.of(msg, binding).to_dict()
+    assert list(MessageSubmitted.record_of(msg, binding)) == list(
+        MessageSubmitted.of(msg, binding).to_dict())  # the same keys, in the journal's order

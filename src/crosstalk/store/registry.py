@@ -111,6 +111,7 @@ class Registry:
         self.names_dir = ensure_private_dir(home / "names")
         self.credentials_dir = ensure_private_dir(home / "credentials")
         self._seen: dict[str, _Seen] = {}
+        self._listing: tuple[tuple[int, int, int, int], list[str]] | None = None
 
     @classmethod
     def reader(cls, home: Path) -> Registry:
@@ -119,7 +120,7 @@ class Registry:
         reg = cls.__new__(cls)
         reg.home, reg.agents_dir = home, home / "agents"
         reg.names_dir, reg.credentials_dir = home / "names", home / "credentials"
-        reg._seen = {}
+        reg._seen, reg._listing = {}, None
         return reg
 
     # -- paths ---------------------------------------------------------------------------
@@ -224,9 +225,10 @@ class Registry:
         written within a timestamp tick of its read is read again until it is settled."""
         now = time.time_ns()
         seen = self._seen
-        for name, entry in self._descriptor_entries():
+        where = os.fspath(self.agents_dir) + os.sep
+        for name in self._descriptor_names(now):
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.lstat(where + name)
             except OSError:
                 st = None
             sig = None if st is None else (st.st_ino, st.st_dev, st.st_mode, st.st_size,
@@ -244,15 +246,33 @@ class Registry:
                 seen.pop(name, None)
             yield path, read
 
-    def _descriptor_entries(self) -> list[tuple[str, os.DirEntry[str]]]:
+    def _descriptor_names(self, now: int) -> list[str]:
         """``agents/*.json`` in name order, as ``glob`` would list them (hidden names left
-        out), sorted as strings: sorting 1,000 Paths cost a scan a third of its time."""
+        out), sorted as strings: sorting 1,000 Paths cost a scan a third of its time.
+
+        The listing is kept while the directory's own ``stat`` is what it was, once settled:
+        a name added, removed or renamed in it changes its times (every descriptor write is
+        a rename), where a file written in place is seen by its own ``lstat`` in
+        :meth:`_read_all`. One ``stat`` then answers for the ``scandir`` a uds frame, a send
+        and a bearer check each made. The ``stat`` is taken before the listing, so a change
+        between the two is never kept under the older times."""
         try:
-            with os.scandir(self.agents_dir) as entries:
-                return sorted((e.name, e) for e in entries
-                              if e.name.endswith(".json") and not e.name.startswith("."))
+            st = os.stat(self.agents_dir)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        sig = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
+        kept = self._listing
+        if kept is not None and kept[0] == sig:
+            return kept[1]
+        try:
+            with os.scandir(self.agents_dir) as entries:
+                names = sorted(e.name for e in entries
+                               if e.name.endswith(".json") and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        self._listing = (sig, names) if settled(
+            st, now, coarse_ns=_SETTLED_NS, fine_ns=_SETTLED_FINE_NS) else None
+        return names
 
     def live_matching(self, match: Callable[[Descriptor], bool]) -> list[Descriptor]:
         """The live descriptors ``match`` accepts; liveness is tested only for those."""
