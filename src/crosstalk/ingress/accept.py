@@ -14,10 +14,12 @@ instead:
   each at most once a minute (:class:`Throttled`), each saying how many it held back.
 
 Each accepted socket becomes a transport through ``loop.connect_accepted_socket``, as
-``loop.create_server`` would have made it. What the peer has already sent is read as it is
-accepted and handed to its protocol first, so an owner that must close connections to make
-room judges a newcomer by its request, not by a guess (a sender writes its request as it
-connects; under a flood, a connection not yet read would otherwise look like any other).
+``loop.create_server`` would have made it, unless its owner takes it first (``take``: a uds
+frame that came whole with its connection is served from the socket itself, ADR 0048).
+What the peer has already sent is read as it is accepted and handed to its protocol first,
+so an owner that must close connections to make room judges a newcomer by its request, not
+by a guess (a sender writes its request as it connects; under a flood, a connection not yet
+read would otherwise look like any other).
 """
 
 from __future__ import annotations
@@ -90,9 +92,14 @@ class Acceptor:
     """
 
     def __init__(self, sock: socket.socket, factory: ProtocolFactory, *, name: str,
-                 backlog: int = 100, shed: Callable[[], bool] | None = None) -> None:
+                 backlog: int = 100, shed: Callable[[], bool] | None = None,
+                 take: Callable[[socket.socket, bytes], bool] | None = None) -> None:
         self.sock = sock
         self.factory = factory
+        #: Offered each accepted socket with what was read from it at accept: the owner may
+        #: take it and serve it without a transport (say ``True``; the socket is then its to
+        #: close), or leave it to ``factory`` (``False``, nothing consumed).
+        self.take = take
         self.name = name
         self.backlog = backlog
         self.shed = shed
@@ -166,6 +173,8 @@ class Acceptor:
                 first = _first_bytes(conn)
             except OSError:
                 conn.close()  # reset while queued
+                continue
+            if first and self.take is not None and self.take(conn, first):
                 continue
             task = self._loop.create_task(self._connect(conn, first))
             self._starting.add(task)

@@ -5,10 +5,10 @@ what a frame says about itself.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import select
+import socket
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -39,10 +39,9 @@ def verified(desc: Descriptor, peer: Peer | None) -> Sender:
                   peer_pid=peer.pid if peer else None, reply_address=desc.uds_path)
 
 
-def peer_of(transport: asyncio.BaseTransport,
+def peer_of(sock: socket.socket | None,
             start_times: StartTimes | None = None) -> Peer | None:
     """The kernel's word on who connected, with the pid's start time as of now."""
-    sock = transport.get_extra_info("socket")
     if sock is None:
         return None
     try:

@@ -156,6 +156,8 @@ class UdsIngress:
         self._key = KeyFile(self.key_path, on_unsafe=self._warn_key)
         #: Senders' start times, kept while they live (a /proc read per frame otherwise).
         self.start_times = StartTimes()
+        #: Acks a whole frame's socket could not take at once, finishing on a transport.
+        self._late: set[asyncio.Task[None]] = set()
 
     @property
     def serving(self) -> bool:
@@ -202,7 +204,7 @@ class UdsIngress:
             self._socket_id = (st.st_dev, st.st_ino)
             # the Acceptor: start_unix_server without its EMFILE log flood
             self._server = Acceptor(sock, partial(_Connection, self),
-                                    name=f"uds ingress {self.path}")
+                                    name=f"uds ingress {self.path}", take=self._take_whole)
             self._server.start()
         except BaseException:
             sock.close()
@@ -241,6 +243,11 @@ class UdsIngress:
                 quiet += 1
                 await asyncio.sleep(0)
         await server.wait_closed()
+        if self._late:  # acks still being written: bounded by the grace like a connection
+            _, pending = await asyncio.wait(self._late, timeout=self.close_grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         self._remove_files()
         self.start_times.close()
         log.debug("uds ingress on %s stopped", self.path)
@@ -277,11 +284,47 @@ class UdsIngress:
         self._socket_id = None
         self._token = None
 
+    def _take_whole(self, sock: socket.socket, first: bytes) -> bool:
+        """Serve from the socket itself a connection whose frame came whole with it (the
+        :class:`Acceptor` offers each with what it read at accept): no transport, no task
+        until the receiver chain, no timer (ADR 0048). Only the usual shape (a) frame
+        qualifies, an auth line and a user line, both whole, nothing after them; anything
+        else is left to :class:`_Connection`, with nothing consumed or recorded."""
+        if self._closing or first.count(b"\n") != 2 or not first.endswith(b"\n"):
+            return False
+        try:
+            auth_line, user_line = (raw.decode("utf-8") + "\n"
+                                    for raw in first.split(b"\n")[:2])
+        except UnicodeDecodeError:
+            return False
+        if max(len(auth_line), len(user_line)) > self.max_line:
+            return False
+        try:
+            auth, user = parse_line(auth_line), parse_line(user_line)
+        except BadFrame:
+            return False
+        if auth.get("type") != "auth" or user.get("type") != "user":
+            return False
+        peer = peer_of(sock, self.start_times)
+        if peer is not None and peer.uid != os.getuid():
+            log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
+            sock.close()
+            return True
+        conn = _Whole(self, sock, peer)
+        self.tap.emit(UDS, IN, auth_line)
+        self._first_line(conn, auth)
+        if conn.closed:
+            return True  # refused: answered and closed
+        self.tap.emit(UDS, IN, user_line)
+        conn.done_reading()
+        self._frame_after_auth(conn, user)
+        return True
+
     # -- frames ------------------------------------------------------------------------------
     # A connection (:class:`_Connection`) reads its frame and hands it here: what can answer
     # at once does, and what waits (the receiver chain) runs in the connection's one task.
 
-    def _first_line(self, conn: _Connection, obj: Mapping[str, Any]) -> None:
+    def _first_line(self, conn: _Frames, obj: Mapping[str, Any]) -> None:
         kind = obj.get("type")
         if kind == "auth":
             token = obj.get("token")
@@ -304,7 +347,7 @@ class UdsIngress:
             log.debug("uds ingress %s: unknown frame type", self.path)
             conn.close()
 
-    def _frame_after_auth(self, conn: _Connection, obj: Mapping[str, Any]) -> None:
+    def _frame_after_auth(self, conn: _Frames, obj: Mapping[str, Any]) -> None:
         """Shape (a)'s second line (the auth line has been accepted)."""
         try:
             kind = obj.get("type")
@@ -313,6 +356,7 @@ class UdsIngress:
                 conn.close()
                 return
             if kind == capture.CAPTURE_TYPE:  # outside the cap, never a wait
+                assert isinstance(conn, _Connection)  # _take_whole takes user frames only
                 reader, writer = conn.streams()
                 full = ack_line(None, "rejected", capture.REFUSED_REASON)
                 conn.spawn(capture.serve(self.tap, reader, writer, full))
@@ -337,11 +381,11 @@ class UdsIngress:
             return
         conn.spawn(self._shape_a(conn, msg, waits))
 
-    def _bad_frame_after_auth(self, conn: _Connection, exc: BadFrame) -> None:
+    def _bad_frame_after_auth(self, conn: _Frames, exc: BadFrame) -> None:
         log.debug("uds ingress %s: bad frame after auth (%s)", self.path, exc)
         conn.reply(None, "rejected", "bad_frame")
 
-    async def _shape_a(self, conn: _Connection, msg: Message, waits: bool) -> None:
+    async def _shape_a(self, conn: _Frames, msg: Message, waits: bool) -> None:
         try:
             result = await self.receiver.receive(msg, dispatch=self.lane.dispatch, fused=True)
         except ReceiverUnavailable as exc:
@@ -447,7 +491,7 @@ class _Connection(asyncio.Protocol):
         if ingress._closing:
             transport.close()
             return
-        self.peer = peer = peer_of(transport, ingress.start_times)
+        self.peer = peer = peer_of(transport.get_extra_info("socket"), ingress.start_times)
         if peer is not None and peer.uid != os.getuid():
             log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
             transport.close()
@@ -610,3 +654,92 @@ class _Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class _Frames(Protocol):
+    """What the frame handlers of :class:`UdsIngress` need of a connection."""
+
+    peer: Peer | None
+
+    def authenticated(self) -> None: ...
+    def done_reading(self) -> None: ...
+    def reply(self, message_id: str | None, state: str, reason: str | None) -> None: ...
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+    def close(self, reason: str | None = None) -> None: ...
+
+
+class _Whole:
+    """A connection whose frame came whole with it, served from its accepted socket: the ack
+    is one ``send`` (a fresh unix socket takes ~200 KB before it would block) and the socket is
+    closed. Should the ``send`` not take it all, the rest is left to a transport."""
+
+    def __init__(self, ingress: UdsIngress, sock: socket.socket, peer: Peer | None) -> None:
+        self.ingress = ingress
+        self.peer = peer
+        self.closed = False
+        self._sock = sock
+        self._conn = ingress._conns.add(self.close)
+
+    def authenticated(self) -> None:
+        pass  # the frame is already whole: no wait to bound
+
+    def done_reading(self) -> None:
+        self.ingress._conns.done_reading(self._conn)
+
+    def reply(self, message_id: str | None, state: str, reason: str | None) -> None:
+        ack = ack_line(message_id, state, reason)
+        self.ingress.tap.emit(UDS, OUT, ack)
+        if self.closed:
+            return
+        try:
+            sent = self._sock.send(ack)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            sent = len(ack)  # the sender is gone: nobody left to answer
+        if sent < len(ack):
+            self._finish_late(ack[sent:])
+            return
+        self.close()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._conn.task = asyncio.get_running_loop().create_task(self._run(work))
+
+    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            log.debug("uds ingress %s: connection cancelled by stop", self.ingress.path)
+        except Exception:
+            log.exception("uds ingress %s: connection failed", self.ingress.path)
+        finally:
+            self.ingress._conns.remove(self._conn)
+            self.close()
+
+    def close(self, reason: str | None = None) -> None:
+        if reason is not None:
+            log.debug("uds ingress %s: closed (%s)", self.ingress.path, reason)
+        if self._conn.task is None:
+            self.ingress._conns.remove(self._conn)
+        if not self.closed:
+            self.closed = True
+            self._sock.close()
+
+    def _finish_late(self, rest: bytes) -> None:
+        """The ack did not fit at once: a transport takes the socket and writes the rest
+        before it closes (``close`` flushes)."""
+        self.closed = True  # the socket is the transport's now
+        sock, loop = self._sock, asyncio.get_running_loop()
+
+        async def finish() -> None:
+            try:
+                transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, sock=sock)
+            except OSError:
+                sock.close()
+                return
+            transport.write(rest)
+            transport.close()
+
+        task = loop.create_task(finish())
+        self.ingress._late.add(task)
+        task.add_done_callback(self.ingress._late.discard)
