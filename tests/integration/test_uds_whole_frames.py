@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from crosstalk.core.ids import new_message_id
-from crosstalk.ingress import uds
+from crosstalk.ingress import accept, uds
 from tests.support.dirs import short_dir
 from tests.support.uds import Node, acks, auth, make_node, serving, user
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +157,45 @@ async def test_an_ack_the_socket_takes_only_in_part_is_finished_by_a_transport(
         assert acks(raw) == [{"type": "ack", "message_id": mid, "state": "accepted",
                               "reason": None}]
         assert node.states(mid) == ["submitted", "dispatching", "accepted"]
+
+
+async def test_bytes_that_come_just_after_the_connection_are_waited_for(
+        node: Node, transports: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accept, "FIRST_WAIT", 30.0)  # however slow the machine
+    async with serving(node):
+        mid = new_message_id()
+        reader, writer = await asyncio.open_unix_connection(os.fspath(node.path))
+        await asyncio.sleep(0.05)  # accepted with nothing to read yet
+        writer.write(auth(node.token()) + user("soon after", message_id=mid))
+        writer.write_eof()
+        raw = await reader.read()
+        writer.close()
+        assert acks(raw)[0]["state"] == "accepted"
+        assert transports == []
+
+
+async def test_a_connection_silent_past_the_wait_becomes_a_transport(
+        node: Node, transports: list[object]) -> None:
+    async with serving(node):
+        mid = new_message_id()
+        reader, writer = await asyncio.open_unix_connection(os.fspath(node.path))
+        await eventually(lambda: len(transports) == 1, what="made a transport")
+        writer.write(auth(node.token()) + user("late", message_id=mid))
+        writer.write_eof()
+        raw = await reader.read()
+        writer.close()
+        assert acks(raw)[0]["state"] == "accepted"
+        assert node.states(mid) == ["submitted", "dispatching", "accepted"]
+
+
+async def test_stopping_closes_a_connection_still_waited_on(
+        node: Node, transports: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accept, "FIRST_WAIT", 30.0)
+    async with serving(node):
+        reader, writer = await asyncio.open_unix_connection(os.fspath(node.path))
+        await asyncio.sleep(0.05)
+    async with asyncio.timeout(2):
+        assert await reader.read() == b""  # closed unheard, nothing answered
+    writer.close()
+    assert transports == []
+    assert node.records() == []

@@ -53,6 +53,9 @@ LOG_INTERVAL = 60.0
 
 #: Most bytes read from a connection as it is accepted.
 FIRST_READ = 64 * 1024
+#: Where the owner takes whole requests (``take``), how long an accepted connection with
+#: nothing to read yet is waited on before it is made a transport anyway.
+FIRST_WAIT = 0.05
 
 #: Makes the protocol for one accepted connection, given the bytes its peer had already sent
 #: (read at accept). The protocol must take them as its first data in ``connection_made``:
@@ -96,9 +99,10 @@ class Acceptor:
                  take: Callable[[socket.socket, bytes], bool] | None = None) -> None:
         self.sock = sock
         self.factory = factory
-        #: Offered each accepted socket with what was read from it at accept: the owner may
-        #: take it and serve it without a transport (say ``True``; the socket is then its to
-        #: close), or leave it to ``factory`` (``False``, nothing consumed).
+        #: Offered each accepted socket with its first bytes (read at accept, or as soon as
+        #: they come within :data:`FIRST_WAIT`): the owner may take it and serve it without
+        #: a transport (say ``True``; the socket is then its to close), or leave it to
+        #: ``factory`` (``False``, nothing consumed).
         self.take = take
         self.name = name
         self.backlog = backlog
@@ -111,6 +115,8 @@ class Acceptor:
         self._short = False
         self._failures = 0
         self._starting: set[asyncio.Task[None]] = set()
+        #: Accepted sockets with nothing to read yet, by descriptor, and their deadlines.
+        self._waiting: dict[int, tuple[socket.socket, asyncio.TimerHandle]] = {}
         self._short_log = Throttled(log)
         self._resumed_log = Throttled(log)
 
@@ -132,6 +138,8 @@ class Acceptor:
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        for fd in list(self._waiting):  # nothing of theirs was read: closed unheard
+            self._unwait(fd)[0].close()
         self.sock.close()
 
     async def wait_closed(self) -> None:
@@ -174,11 +182,45 @@ class Acceptor:
             except OSError:
                 conn.close()  # reset while queued
                 continue
-            if first and self.take is not None and self.take(conn, first):
-                continue
-            task = self._loop.create_task(self._connect(conn, first))
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+            if self.take is not None and not first:
+                self._wait_first(conn)
+            else:
+                self._hand_over(conn, first)
+
+    def _hand_over(self, conn: socket.socket, first: bytes) -> None:
+        """To the owner, if it takes the socket as it is; else to a transport."""
+        if first and self.take is not None and self.take(conn, first):
+            return
+        task = self._loop.create_task(self._connect(conn, first))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    def _wait_first(self, conn: socket.socket) -> None:
+        """Nothing to read yet where the owner takes whole requests: a sender writes right
+        after it connects, so wait for its first bytes, up to :data:`FIRST_WAIT`, before the
+        connection is made a transport (whose own bounds then apply)."""
+        fd = conn.fileno()
+        self._loop.add_reader(fd, self._first_came, fd)
+        self._waiting[fd] = (conn, self._loop.call_later(FIRST_WAIT, self._no_first, fd))
+
+    def _first_came(self, fd: int) -> None:
+        conn, _ = self._unwait(fd)
+        try:
+            first = _first_bytes(conn)
+        except OSError:
+            conn.close()  # reset before it said anything
+            return
+        self._hand_over(conn, first)
+
+    def _no_first(self, fd: int) -> None:
+        conn, _ = self._unwait(fd)
+        self._hand_over(conn, b"")
+
+    def _unwait(self, fd: int) -> tuple[socket.socket, asyncio.TimerHandle]:
+        conn, timer = self._waiting.pop(fd)
+        timer.cancel()
+        self._loop.remove_reader(fd)
+        return conn, timer
 
     def _shortage(self, exc: OSError) -> None:
         """Pause accepting (the socket stays readable, so reading on would spin), shed a
