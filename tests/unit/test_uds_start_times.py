@@ -4,7 +4,9 @@ kept value — its pid may belong to another process by then."""
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import subprocess
 import sys
 
@@ -93,3 +95,24 @@ def test_the_oldest_is_let_go_past_the_size_and_close_frees_every_pidfd(
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_a_start_time_that_cannot_be_read_leaves_the_peer_unverified_and_no_pidfd(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_descriptors(pid: int) -> str | None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(peers.proc, "process_start_time", out_of_descriptors)
+    times = StartTimes()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        peer = peers.peer_of(left, times)
+        assert peer is not None
+        assert peer.pid == os.getpid()
+        assert peer.start_time is None  # matched to no one: identify() needs a start time
+        assert len(os.listdir("/proc/self/fd")) == fds_before + 2  # the pair, no pidfd
+    finally:
+        left.close()
+        right.close()
+        times.close()

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from crosstalk import proc
 from crosstalk.core.message import Ingress, Sender
+from crosstalk.ingress.accept import Throttled
 from crosstalk.store.registry import Descriptor, Registry
 
 log = logging.getLogger(__name__)
+#: One line a minute at most: a shortage of descriptors fails every peer at once.
+_unreadable = Throttled(log)
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,15 @@ def peer_of(sock: socket.socket | None,
         creds = proc.peer_credentials(sock)
     except OSError:
         return None
-    start = (start_times.get(creds.pid) if start_times is not None
-             else proc.process_start_time(creds.pid))
+    try:
+        start = (start_times.get(creds.pid) if start_times is not None
+                 else proc.process_start_time(creds.pid))
+    except OSError as exc:
+        # Out of descriptors, say: without its start time the peer cannot be told from a
+        # later process given the same pid, so it is matched to no one (unverified).
+        _unreadable.warning("cannot read the start time of peer pid %d (%s); it is treated "
+                            "as unverified", creds.pid, exc)
+        start = None
     return Peer(creds.pid, creds.uid, start)
 
 
@@ -87,7 +97,11 @@ class StartTimes:
             pidfd = pidfd_open(pid)
         except OSError:
             return proc.process_start_time(pid)
-        start = proc.process_start_time(pid)
+        try:
+            start = proc.process_start_time(pid)
+        except BaseException:
+            os.close(pidfd)
+            raise
         if start is None or _exited(pidfd):
             os.close(pidfd)  # gone (or going): what was read is not kept
             return start

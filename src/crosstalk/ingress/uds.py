@@ -311,13 +311,17 @@ class UdsIngress:
             sock.close()
             return True
         conn = _Whole(self, sock, peer)
-        self.tap.emit(UDS, IN, auth_line)
-        self._first_line(conn, auth)
-        if conn.closed:
-            return True  # refused: answered and closed
-        self.tap.emit(UDS, IN, user_line)
-        conn.done_reading()
-        self._frame_after_auth(conn, user)
+        try:
+            self.tap.emit(UDS, IN, auth_line)
+            self._first_line(conn, auth)
+            if conn.closed:
+                return True  # refused: answered and closed
+            self.tap.emit(UDS, IN, user_line)
+            conn.done_reading()
+            self._frame_after_auth(conn, user)
+        except Exception:  # a bug must not reach the accept loop (as _Connection._read)
+            log.exception("uds ingress %s: connection failed", self.path)
+            conn.close()
         return True
 
     # -- frames ------------------------------------------------------------------------------
