@@ -593,22 +593,14 @@ class _Connection(asyncio.Protocol):
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as this connection's task; the connection ends when it does."""
         assert self._conn is not None
-        self._conn.task = asyncio.get_running_loop().create_task(self._run(work))
+        self._conn.task = asyncio.get_running_loop().create_task(
+            _served(self.ingress, work, self._ended))
 
-    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
-            # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
-            # would make asyncio's own done-callback log an error.
-            log.debug("uds ingress %s: connection cancelled by stop", self.ingress.path)
-        except Exception:
-            log.exception("uds ingress %s: connection failed", self.ingress.path)
-        finally:
-            if self._conn is not None:
-                self.ingress._conns.remove(self._conn)
-            if self._transport is not None:
-                self._transport.close()
+    def _ended(self) -> None:
+        if self._conn is not None:
+            self.ingress._conns.remove(self._conn)
+        if self._transport is not None:
+            self._transport.close()
 
     def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The rest of the connection as streams (a capture reads and writes for long): the
@@ -660,6 +652,21 @@ class _Connection(asyncio.Protocol):
             self._timer = None
 
 
+async def _served(ingress: UdsIngress, work: Coroutine[Any, Any, None],
+                  ended: Callable[[], None]) -> None:
+    """A connection's one task: ``work`` (the receiver chain, or a capture), then ``ended``."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
+        # would make asyncio's own done-callback log an error.
+        log.debug("uds ingress %s: connection cancelled by stop", ingress.path)
+    except Exception:
+        log.exception("uds ingress %s: connection failed", ingress.path)
+    finally:
+        ended()
+
+
 class _Frames(Protocol):
     """What the frame handlers of :class:`UdsIngress` need of a connection."""
 
@@ -707,18 +714,12 @@ class _Whole:
         self.close()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self._conn.task = asyncio.get_running_loop().create_task(self._run(work))
+        self._conn.task = asyncio.get_running_loop().create_task(
+            _served(self.ingress, work, self._ended))
 
-    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
-            log.debug("uds ingress %s: connection cancelled by stop", self.ingress.path)
-        except Exception:
-            log.exception("uds ingress %s: connection failed", self.ingress.path)
-        finally:
-            self.ingress._conns.remove(self._conn)
-            self.close()
+    def _ended(self) -> None:
+        self.ingress._conns.remove(self._conn)
+        self.close()
 
     def close(self, reason: str | None = None) -> None:
         if reason is not None:
