@@ -22,6 +22,12 @@ Dispatch is the agent's: both shapes hand admitted messages to the agent's one o
 dispatch lane (:class:`Lane`), which the A2A ingress shares. Shape (a) waits for its
 message's turn and outcome before it acks; shape (b) does not wait at all.
 
+A connection takes one of two paths to the same frame handlers (ADR 0048). A shape (a) frame
+that came whole with its connection is served from the accepted socket itself
+(:meth:`UdsIngress._take_whole`, :class:`_Whole`); every other connection is a protocol that
+reads its frame as its bytes arrive (:class:`_Connection`). Either starts a task only for what
+waits (:func:`_served`).
+
 What a connection costs (:mod:`crosstalk.ingress.budget`): the cap counts connections still
 reading their frame, and a newcomer beyond it closes the oldest of them; a first line must come
 within :data:`~crosstalk.ingress.claude_wire.FIRST_LINE_TIMEOUT`. Shape (a)'s ack is still the
