@@ -3,7 +3,7 @@ with no transport (ADR 0048); every other connection goes the transport's way. E
 sender gets the same one ack, and the journal the same records.
 
 Which way a connection went is told by counting the transports' protocol objects
-(``uds._Connection``) the ingress makes.
+(``connection.Connection``) the ingress makes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from crosstalk.core.ids import new_message_id
-from crosstalk.ingress import accept, uds
+from crosstalk.ingress import accept, connection
 from tests.support.dirs import short_dir
 from tests.support.uds import Node, acks, auth, make_node, serving, user
 from tests.support.waiting import eventually
@@ -54,12 +54,12 @@ def node(tmp_path: Path) -> Iterator[Node]:
 def transports(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     made: list[object] = []
 
-    class Counted(uds._Connection):
+    class Counted(connection.Connection):
         def __init__(self, *args: Any) -> None:
             made.append(self)
             super().__init__(*args)
 
-    monkeypatch.setattr(uds, "_Connection", Counted)
+    monkeypatch.setattr(connection, "Connection", Counted)
     return made
 
 
@@ -138,12 +138,13 @@ async def test_an_ack_the_socket_takes_only_in_part_is_finished_by_a_transport(
         def __getattr__(self, name: str) -> Any:
             return getattr(self._sock, name)
 
-    real_init = uds._Whole.__init__
+    real_init = connection.WholeFrame.__init__
 
-    def short_init(self: uds._Whole, ingress: Any, sock: socket.socket, peer: Any) -> None:
+    def short_init(self: connection.WholeFrame, ingress: Any, sock: socket.socket,
+                   peer: Any) -> None:
         real_init(self, ingress, Short(sock), peer)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(uds._Whole, "__init__", short_init)
+    monkeypatch.setattr(connection.WholeFrame, "__init__", short_init)
     real_connect = asyncio.BaseEventLoop.connect_accepted_socket
 
     async def unwrapped(self: asyncio.BaseEventLoop, factory: Any, sock: Any,

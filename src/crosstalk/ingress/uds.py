@@ -24,9 +24,8 @@ message's turn and outcome before it acks; shape (b) does not wait at all.
 
 A connection takes one of two paths to the same frame handlers (ADR 0048). A shape (a) frame
 that came whole with its connection is served from the accepted socket itself
-(:meth:`UdsIngress._take_whole`, :class:`_Whole`); every other connection is a protocol that
-reads its frame as its bytes arrive (:class:`_Connection`). Either starts a task only for what
-waits (:func:`_served`).
+(:meth:`UdsIngress._take_whole`); every other connection is a protocol that reads its frame
+as its bytes arrive. Both are :mod:`crosstalk.ingress.connection`'s.
 
 What a connection costs (:mod:`crosstalk.ingress.budget`): the cap counts connections still
 reading their frame, and a newcomer beyond it closes the oldest of them; a first line must come
@@ -52,30 +51,30 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
 from crosstalk.capture import stream as capture
-from crosstalk.capture.tap import IN, OUT, UDS, Tap
+from crosstalk.capture.tap import IN, UDS, Tap
 from crosstalk.config import PRIVATE_FILE_MODE, uds_key_path
 from crosstalk.core.message import Ingress, Message, Sender
+from crosstalk.ingress import connection
 from crosstalk.ingress.accept import Acceptor
-from crosstalk.ingress.budget import MAX_CONNECTIONS, Conn, Connections
+from crosstalk.ingress.budget import MAX_CONNECTIONS, Connections
 from crosstalk.ingress.claude_wire import (
     FIRST_LINE_TIMEOUT,
     IDLE_TIMEOUT,
     MAX_LINE,
     BadFrame,
-    Close,
-    LineBuffer,
     ack_line,
     message_of,
     parse_line,
     user_frame,
 )
+from crosstalk.ingress.connection import Frames
 from crosstalk.ingress.peers import Peer, StartTimes, identify, peer_of, verified
 from crosstalk.ingress.socket_files import (
     IngressError,
@@ -154,7 +153,7 @@ class UdsIngress:
         #: Where every frame line read and ack written goes for ``crosstalk capture``.
         self.tap = tap or Tap(self.path.stem)
         self._server: Acceptor | None = None
-        self._conns = Connections(max_connections, str(self.path))
+        self.conns = Connections(max_connections, str(self.path))
         self._closing = False
         self._token: str | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -163,21 +162,26 @@ class UdsIngress:
         #: Senders' start times, kept while they live (a /proc read per frame otherwise).
         self.start_times = StartTimes()
         #: Acks a whole frame's socket could not take at once, finishing on a transport.
-        self._late: set[asyncio.Task[None]] = set()
+        self.late: set[asyncio.Task[None]] = set()
 
     @property
     def serving(self) -> bool:
         return self._server is not None
 
     @property
+    def closing(self) -> bool:
+        """Stopping: a connection made now is closed unheard."""
+        return self._closing
+
+    @property
     def connections(self) -> int:
         """Connections being served right now."""
-        return len(self._conns)
+        return len(self.conns)
 
     @property
     def reading(self) -> int:
         """Connections still reading their frame (the ones :data:`MAX_CONNECTIONS` counts)."""
-        return self._conns.readers
+        return self.conns.readers
 
     async def __aenter__(self) -> UdsIngress:
         await self.start()
@@ -209,7 +213,7 @@ class UdsIngress:
             st = os.lstat(self.path)
             self._socket_id = (st.st_dev, st.st_ino)
             # the Acceptor: start_unix_server without its EMFILE log flood
-            self._server = Acceptor(sock, partial(_Connection, self),
+            self._server = Acceptor(sock, partial(connection.Connection, self),
                                     name=f"uds ingress {self.path}", take=self._take_whole)
             self._server.start()
         except BaseException:
@@ -242,15 +246,15 @@ class UdsIngress:
         self._remove_files()
         quiet = 0
         while quiet < _SETTLE_TURNS:
-            if self._conns:
+            if self.conns:
                 quiet = 0
                 await self._drain_connections()
             else:
                 quiet += 1
                 await asyncio.sleep(0)
         await server.wait_closed()
-        if self._late:  # acks still being written: bounded by the grace like a connection
-            _, pending = await asyncio.wait(self._late, timeout=self.close_grace)
+        if self.late:  # acks still being written: bounded by the grace like a connection
+            _, pending = await asyncio.wait(self.late, timeout=self.close_grace)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -264,10 +268,10 @@ class UdsIngress:
 
     async def _drain_connections(self) -> None:
         tasks = []
-        for conn in self._conns:
+        for conn in self.conns:
             if conn.task is None:
                 conn.close()  # still reading: nothing of it was accepted yet
-                self._conns.remove(conn)
+                self.conns.remove(conn)
             else:
                 tasks.append(conn.task)
         if not tasks:
@@ -295,7 +299,8 @@ class UdsIngress:
         :class:`Acceptor` offers each with what it read at accept): no transport, no task
         until the receiver chain, no timer (ADR 0048). Only the usual shape (a) frame
         qualifies, an auth line and a user line, both whole, nothing after them; anything
-        else is left to :class:`_Connection`, with nothing consumed or recorded."""
+        else is left to :class:`~crosstalk.ingress.connection.Connection`, with nothing
+        consumed or recorded."""
         if self._closing or first.count(b"\n") != 2 or not first.endswith(b"\n"):
             return False
         try:
@@ -316,25 +321,25 @@ class UdsIngress:
             log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
             sock.close()
             return True
-        conn = _Whole(self, sock, peer)
+        conn = connection.WholeFrame(self, sock, peer)
         try:
             self.tap.emit(UDS, IN, auth_line)
-            self._first_line(conn, auth)
+            self.first_line(conn, auth)
             if conn.closed:
                 return True  # refused: answered and closed
             self.tap.emit(UDS, IN, user_line)
             conn.done_reading()
-            self._frame_after_auth(conn, user)
-        except Exception:  # a bug must not reach the accept loop (as _Connection._read)
+            self.frame_after_auth(conn, user)
+        except Exception:  # a bug must not reach the accept loop (as Connection._read does)
             log.exception("uds ingress %s: connection failed", self.path)
             conn.close()
         return True
 
     # -- frames ------------------------------------------------------------------------------
-    # A connection (:class:`_Connection`) reads its frame and hands it here: what can answer
-    # at once does, and what waits (the receiver chain) runs in the connection's one task.
+    # A connection (crosstalk.ingress.connection) reads its frame and hands it here: what can
+    # answer at once does, and what waits (the receiver chain) runs in the connection's task.
 
-    def _first_line(self, conn: _Frames, obj: Mapping[str, Any]) -> None:
+    def first_line(self, conn: Frames, obj: Mapping[str, Any]) -> None:
         kind = obj.get("type")
         if kind == "auth":
             token = obj.get("token")
@@ -357,7 +362,7 @@ class UdsIngress:
             log.debug("uds ingress %s: unknown frame type", self.path)
             conn.close()
 
-    def _frame_after_auth(self, conn: _Frames, obj: Mapping[str, Any]) -> None:
+    def frame_after_auth(self, conn: Frames, obj: Mapping[str, Any]) -> None:
         """Shape (a)'s second line (the auth line has been accepted)."""
         try:
             kind = obj.get("type")
@@ -366,7 +371,7 @@ class UdsIngress:
                 conn.close()
                 return
             if kind == capture.CAPTURE_TYPE:  # outside the cap, never a wait
-                assert isinstance(conn, _Connection)  # _take_whole takes user frames only
+                assert isinstance(conn, connection.Connection)  # _take_whole takes user frames only
                 reader, writer = conn.streams()
                 full = ack_line(None, "rejected", capture.REFUSED_REASON)
                 conn.spawn(capture.serve(self.tap, reader, writer, full))
@@ -375,7 +380,7 @@ class UdsIngress:
                 raise BadFrame("not a user frame")
             frame = user_frame(obj)
         except BadFrame as exc:
-            self._bad_frame_after_auth(conn, exc)
+            self.bad_frame_after_auth(conn, exc)
             return
         if frame.kind is None:
             conn.reply(frame.message_id, "rejected", "unknown_kind")
@@ -391,11 +396,11 @@ class UdsIngress:
             return
         conn.spawn(self._shape_a(conn, msg, waits))
 
-    def _bad_frame_after_auth(self, conn: _Frames, exc: BadFrame) -> None:
+    def bad_frame_after_auth(self, conn: Frames, exc: BadFrame) -> None:
         log.debug("uds ingress %s: bad frame after auth (%s)", self.path, exc)
         conn.reply(None, "rejected", "bad_frame")
 
-    async def _shape_a(self, conn: _Frames, msg: Message, waits: bool) -> None:
+    async def _shape_a(self, conn: Frames, msg: Message, waits: bool) -> None:
         try:
             result = await self.receiver.receive(msg, dispatch=self.lane.dispatch, fused=True)
         except ReceiverUnavailable as exc:
@@ -467,290 +472,3 @@ class UdsIngress:
             self._key_warned = True
             log.warning("uds ingress %s: key file %s is not a 0600 file of ours; refusing "
                         "every authentication", self.path, self.key_path)
-
-
-# -- one connection ---------------------------------------------------------------------------
-
-
-class _Connection(asyncio.Protocol):
-    """One connection, read as its bytes arrive: the frame's lines are split and judged in
-    ``data_received`` (:class:`~crosstalk.ingress.claude_wire.LineBuffer`), under one timer,
-    and a task is started only for what has to wait: the receiver chain, or a capture.
-
-    Streams and a task per connection cost every message about a dozen loop callbacks more
-    (a task, a stream reader and writer, a timeout per line, the close waiter): most of the
-    loop's work once the lane stopped waiting on writes (ADR 0048)."""
-
-    def __init__(self, ingress: UdsIngress, first: bytes) -> None:
-        self.ingress = ingress
-        self.peer: Peer | None = None
-        self._first = first
-        self._lines = LineBuffer(ingress.max_line)
-        self._transport: asyncio.Transport | None = None
-        self._conn: Conn | None = None
-        self._authed = False
-        self._since = 0.0  # loop time the current bound counts from (accept, then auth)
-        self._timer: asyncio.TimerHandle | None = None
-
-    # -- the transport's calls ---------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        ingress = self.ingress
-        if ingress._closing:
-            transport.close()
-            return
-        self.peer = peer = peer_of(transport.get_extra_info("socket"), ingress.start_times)
-        if peer is not None and peer.uid != os.getuid():
-            log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
-            transport.close()
-            return
-        self._conn = ingress._conns.add(self._evict)
-        self._since = asyncio.get_running_loop().time()
-        first, self._first = self._first, b""
-        self.data_received(first)
-
-    def data_received(self, data: bytes) -> None:
-        if self._conn is None or not self._conn.reading:
-            return  # the frame is in hand: what follows is not read
-        try:
-            self._lines.feed(data)
-        except Close as exc:
-            self.close(exc.reason)
-            return
-        self._read()
-
-    def eof_received(self) -> bool:
-        if self._conn is not None and self._conn.reading:
-            self._lines.end()
-            self._read()
-        return True  # our side stays open: shape (a)'s ack may still be on its way
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        conn = self._conn
-        if conn is not None and conn.task is None:
-            self.ingress._conns.remove(conn)
-
-    # -- reading the frame -------------------------------------------------------------------
-
-    def _read(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        try:
-            while conn.reading and (obj := self._next_object()) is not None:
-                if self._authed:
-                    self.done_reading()
-                    self.ingress._frame_after_auth(self, obj)
-                else:
-                    self.ingress._first_line(self, obj)
-        except Close as exc:
-            self.close(exc.reason)
-        except BadFrame as exc:
-            if self._authed:
-                self.done_reading()
-                self.ingress._bad_frame_after_auth(self, exc)
-            else:
-                log.debug("uds ingress %s: bad first line (%s)", self.ingress.path, exc)
-                self.close()
-        except Exception:
-            log.exception("uds ingress %s: connection failed", self.ingress.path)
-            self.close()
-
-    def _next_object(self) -> Mapping[str, Any] | None:
-        """The next line's object, ``None`` until one is whole; raises :class:`Close` and
-        :class:`BadFrame` as :class:`LineBuffer` and :func:`parse_line` do."""
-        line = self._lines.next()
-        if line is None:
-            if not self._lines.eof:
-                self._wait()
-            elif self._authed:
-                raise BadFrame("no user line after auth")
-            else:
-                self.close()  # a connect-and-close probe: nothing to say, nothing to record
-            return None
-        self.ingress.tap.emit(UDS, IN, line)
-        return parse_line(line)
-
-    def authenticated(self) -> None:
-        """The auth line is good: the frame's next line must come within the idle bound."""
-        self._authed = True
-        self._disarm()
-        self._since = asyncio.get_running_loop().time()
-
-    def done_reading(self) -> None:
-        """The frame is in hand (or the connection ends): out of the cap, off the timer."""
-        self._disarm()
-        if self._conn is not None:
-            self.ingress._conns.done_reading(self._conn)
-
-    # -- answering ---------------------------------------------------------------------------
-
-    def reply(self, message_id: str | None, state: str, reason: str | None) -> None:
-        """Write the one ack line and close (the transport flushes it before it closes)."""
-        ack = ack_line(message_id, state, reason)
-        self.ingress.tap.emit(UDS, OUT, ack)
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(ack)
-        self.close()
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as this connection's task; the connection ends when it does."""
-        assert self._conn is not None
-        self._conn.task = asyncio.get_running_loop().create_task(
-            _served(self.ingress, work, self._ended))
-
-    def _ended(self) -> None:
-        if self._conn is not None:
-            self.ingress._conns.remove(self._conn)
-        if self._transport is not None:
-            self._transport.close()
-
-    def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """The rest of the connection as streams (a capture reads and writes for long): the
-        transport is handed to a stream protocol, with what arrived after the frame."""
-        transport = self._transport
-        assert transport is not None
-        reader = asyncio.StreamReader(limit=self.ingress.max_line)
-        protocol = asyncio.StreamReaderProtocol(reader)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        if rest := self._lines.rest():
-            reader.feed_data(rest)
-        if self._lines.eof:
-            reader.feed_eof()
-        return reader, asyncio.StreamWriter(transport, protocol, reader,
-                                            asyncio.get_running_loop())
-
-    # -- ending ------------------------------------------------------------------------------
-
-    def close(self, reason: str | None = None) -> None:
-        """End the connection, writing nothing more."""
-        if reason is not None:
-            log.debug("uds ingress %s: closed (%s)", self.ingress.path, reason)
-        self._disarm()
-        conn = self._conn
-        if conn is not None and conn.task is None:
-            self.ingress._conns.remove(conn)
-        if self._transport is not None:
-            self._transport.close()
-
-    def _evict(self) -> None:
-        log.debug("uds ingress %s: connection evicted for a newer one", self.ingress.path)
-        self.close()
-
-    def _wait(self) -> None:
-        """The frame is not whole yet: bound the wait for its next line, from accept for the
-        first line, from the auth line for the next. Armed only now, so a frame that came
-        whole with its connection (every sender writes it at once) costs no timer."""
-        if self._timer is None:
-            ingress = self.ingress
-            bound, reason = ((ingress.idle_timeout, "idle_timeout") if self._authed
-                             else (ingress.first_line_timeout, "first_line_timeout"))
-            self._timer = asyncio.get_running_loop().call_at(self._since + bound, self.close,
-                                                             reason)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-async def _served(ingress: UdsIngress, work: Coroutine[Any, Any, None],
-                  ended: Callable[[], None]) -> None:
-    """A connection's one task: ``work`` (the receiver chain, or a capture), then ``ended``."""
-    try:
-        await work
-    except asyncio.CancelledError:
-        # stop() cancelled us. This task is ours alone and ends here; ending it cancelled
-        # would make asyncio's own done-callback log an error.
-        log.debug("uds ingress %s: connection cancelled by stop", ingress.path)
-    except Exception:
-        log.exception("uds ingress %s: connection failed", ingress.path)
-    finally:
-        ended()
-
-
-class _Frames(Protocol):
-    """What the frame handlers of :class:`UdsIngress` need of a connection."""
-
-    peer: Peer | None
-
-    def authenticated(self) -> None: ...
-    def done_reading(self) -> None: ...
-    def reply(self, message_id: str | None, state: str, reason: str | None) -> None: ...
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
-    def close(self, reason: str | None = None) -> None: ...
-
-
-class _Whole:
-    """A connection whose frame came whole with it, served from its accepted socket: the ack
-    is one ``send`` (a fresh unix socket takes ~200 KB before it would block) and the socket is
-    closed. Should the ``send`` not take it all, the rest is left to a transport."""
-
-    def __init__(self, ingress: UdsIngress, sock: socket.socket, peer: Peer | None) -> None:
-        self.ingress = ingress
-        self.peer = peer
-        self.closed = False
-        self._sock = sock
-        self._conn = ingress._conns.add(self.close)
-
-    def authenticated(self) -> None:
-        pass  # the frame is already whole: no wait to bound
-
-    def done_reading(self) -> None:
-        self.ingress._conns.done_reading(self._conn)
-
-    def reply(self, message_id: str | None, state: str, reason: str | None) -> None:
-        ack = ack_line(message_id, state, reason)
-        self.ingress.tap.emit(UDS, OUT, ack)
-        if self.closed:
-            return
-        try:
-            sent = self._sock.send(ack)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            sent = len(ack)  # the sender is gone: nobody left to answer
-        if sent < len(ack):
-            self._finish_late(ack[sent:])
-            return
-        self.close()
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self._conn.task = asyncio.get_running_loop().create_task(
-            _served(self.ingress, work, self._ended))
-
-    def _ended(self) -> None:
-        self.ingress._conns.remove(self._conn)
-        self.close()
-
-    def close(self, reason: str | None = None) -> None:
-        if reason is not None:
-            log.debug("uds ingress %s: closed (%s)", self.ingress.path, reason)
-        if self._conn.task is None:
-            self.ingress._conns.remove(self._conn)
-        if not self.closed:
-            self.closed = True
-            self._sock.close()
-
-    def _finish_late(self, rest: bytes) -> None:
-        """The ack did not fit at once: a transport takes the socket and writes the rest
-        before it closes (``close`` flushes)."""
-        self.closed = True  # the socket is the transport's now
-        sock, loop = self._sock, asyncio.get_running_loop()
-
-        async def finish() -> None:
-            try:
-                transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, sock=sock)
-            except OSError:
-                sock.close()
-                return
-            transport.write(rest)
-            transport.close()
-
-        task = loop.create_task(finish())
-        self.ingress._late.add(task)
-        task.add_done_callback(self.ingress._late.discard)
