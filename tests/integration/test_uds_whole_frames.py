@@ -158,6 +158,11 @@ async def test_an_ack_the_socket_takes_only_in_part_is_finished_by_a_transport(
         assert acks(raw) == [{"type": "ack", "message_id": mid, "state": "accepted",
                               "reason": None}]
         assert node.states(mid) == ["submitted", "dispatching", "accepted"]
+        # A refusal answered in the accept callback itself (no task) finishes late too, and
+        # leaves no connection behind in the ingress's books.
+        raw = await whole(node.path, auth("0" * 32) + user("nope"))
+        assert acks(raw)[0]["reason"] == "auth_failed"
+        assert node.ingress.connections == 0
 
 
 async def test_bytes_that_come_just_after_the_connection_are_waited_for(

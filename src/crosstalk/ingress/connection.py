@@ -86,8 +86,7 @@ class Connection(asyncio.Protocol):
             transport.close()
             return
         self.peer = peer = peer_of(transport.get_extra_info("socket"), ingress.start_times)
-        if peer is not None and peer.uid != os.getuid():
-            log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
+        if foreign(ingress, peer):
             transport.close()
             return
         self._conn = ingress.conns.add(self._evict)
@@ -242,6 +241,15 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
 
+def foreign(ingress: Host, peer: Peer | None) -> bool:
+    """The peer runs as another user: refused before anything it sent is read (said once
+    here for both kinds of connection)."""
+    if peer is not None and peer.uid != os.getuid():
+        log.warning("uds ingress %s: refused a peer of uid %d", ingress.path, peer.uid)
+        return True
+    return False
+
+
 async def served(ingress: Host, work: Coroutine[Any, Any, None],
                   ended: Callable[[], None]) -> None:
     """A connection's one task: ``work`` (the receiver chain, or a capture), then ``ended``."""
@@ -299,8 +307,7 @@ class WholeFrame:
         except OSError:
             sent = len(ack)  # the sender is gone: nobody left to answer
         if sent < len(ack):
-            self._finish_late(ack[sent:])
-            return
+            self._finish_late(ack[sent:])  # the socket is the transport's from here
         self.close()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:

@@ -42,8 +42,7 @@ def verified(desc: Descriptor, peer: Peer | None) -> Sender:
                   peer_pid=peer.pid if peer else None, reply_address=desc.uds_path)
 
 
-def peer_of(sock: socket.socket | None,
-            start_times: StartTimes | None = None) -> Peer | None:
+def peer_of(sock: socket.socket | None, start_times: StartTimes) -> Peer | None:
     """The kernel's word on who connected, with the pid's start time as of now."""
     if sock is None:
         return None
@@ -52,8 +51,7 @@ def peer_of(sock: socket.socket | None,
     except OSError:
         return None
     try:
-        start = (start_times.get(creds.pid) if start_times is not None
-                 else proc.process_start_time(creds.pid))
+        start = start_times.get(creds.pid)
     except OSError as exc:
         # Out of descriptors, say: without its start time the peer cannot be told from a
         # later process given the same pid, so it is matched to no one (unverified).

@@ -69,6 +69,8 @@ from crosstalk.ingress.claude_wire import (
     IDLE_TIMEOUT,
     MAX_LINE,
     BadFrame,
+    Close,
+    LineBuffer,
     ack_line,
     message_of,
     parse_line,
@@ -301,24 +303,21 @@ class UdsIngress:
         qualifies, an auth line and a user line, both whole, nothing after them; anything
         else is left to :class:`~crosstalk.ingress.connection.Connection`, with nothing
         consumed or recorded."""
-        if self._closing or first.count(b"\n") != 2 or not first.endswith(b"\n"):
+        if self._closing:
             return False
+        lines = LineBuffer(self.max_line)
         try:
-            auth_line, user_line = (raw.decode("utf-8") + "\n"
-                                    for raw in first.split(b"\n")[:2])
-        except UnicodeDecodeError:
-            return False
-        if max(len(auth_line), len(user_line)) > self.max_line:
-            return False
-        try:
+            lines.feed(first)
+            auth_line, user_line = lines.next(), lines.next()
+            if auth_line is None or user_line is None or lines.rest():
+                return False
             auth, user = parse_line(auth_line), parse_line(user_line)
-        except BadFrame:
+        except (Close, BadFrame):
             return False
         if auth.get("type") != "auth" or user.get("type") != "user":
             return False
         peer = peer_of(sock, self.start_times)
-        if peer is not None and peer.uid != os.getuid():
-            log.warning("uds ingress %s: refused a peer of uid %d", self.path, peer.uid)
+        if connection.foreign(self, peer):
             sock.close()
             return True
         conn = connection.WholeFrame(self, sock, peer)
