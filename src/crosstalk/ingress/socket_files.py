@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crosstalk.config import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
-from crosstalk.store.files import SETTLED_FINE_NS, SETTLED_NS, settled
+from crosstalk.store.files import SETTLED_FINE_NS, SETTLED_NS, settled, signature
 
 _KEY_READ_LIMIT = 4096
 
@@ -112,11 +112,6 @@ KEY_SETTLED_NS = SETTLED_NS
 KEY_SETTLED_FINE_NS = SETTLED_FINE_NS
 
 
-def _signature(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns,
-            st.st_ctime_ns)
-
-
 class KeyFile:
     """The key file, checked on every frame as :func:`read_key` with ``check_mode`` does, but
     read again only when it has changed.
@@ -140,11 +135,11 @@ class KeyFile:
                 st = os.lstat(self.path)
             except OSError:
                 st = None
-            if st is not None and _signature(st) == kept[0]:
+            if st is not None and signature(st) == kept[0]:
                 return kept[1]
             self._kept = None
         content, st = _read_key(self.path, check_mode=True, on_unsafe=self.on_unsafe)
         if content is not None and st is not None and settled(
                 st, time.time_ns(), coarse_ns=KEY_SETTLED_NS, fine_ns=KEY_SETTLED_FINE_NS):
-            self._kept = (_signature(st), content)
+            self._kept = (signature(st), content)
         return content

@@ -34,6 +34,13 @@ SETTLED_NS = 2_000_000_000
 SETTLED_FINE_NS = 50_000_000
 
 
+def signature(st: os.stat_result) -> tuple[int, ...]:
+    """What an ``lstat`` says of a file that any change to it changes: its identity, type,
+    mode, owner, size and times (what was read from it is kept while this is the same)."""
+    return (st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
+
+
 def settled(st: os.stat_result, now_ns: int, *, coarse_ns: int = SETTLED_NS,
             fine_ns: int = SETTLED_FINE_NS) -> bool:
     """Whether ``st`` (an ``lstat``/``fstat``) was last changed long enough before ``now_ns``

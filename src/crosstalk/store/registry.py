@@ -60,6 +60,7 @@ from crosstalk.store.files import (
     StatePathError,
     is_locked,
     settled,
+    signature,
     unlink_durable,
 )
 from crosstalk.store.registration import NameChoice, NoFreeName, Registration
@@ -111,7 +112,7 @@ class Registry:
         self.names_dir = ensure_private_dir(home / "names")
         self.credentials_dir = ensure_private_dir(home / "credentials")
         self._seen: dict[str, _Seen] = {}
-        self._listing: tuple[tuple[int, int, int, int], list[str]] | None = None
+        self._listing: tuple[tuple[int, ...], list[str]] | None = None
 
     @classmethod
     def reader(cls, home: Path) -> Registry:
@@ -231,8 +232,7 @@ class Registry:
                 st = os.lstat(where + name)
             except OSError:
                 st = None
-            sig = None if st is None else (st.st_ino, st.st_dev, st.st_mode, st.st_size,
-                                           st.st_mtime_ns, st.st_ctime_ns)
+            sig = None if st is None else signature(st)
             known = seen.get(name)
             if known is not None and sig is not None and known.sig == sig:
                 yield known.path, known.read
@@ -260,7 +260,7 @@ class Registry:
             st = os.stat(self.agents_dir)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        sig = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
+        sig = signature(st)
         kept = self._listing
         if kept is not None and kept[0] == sig:
             return kept[1]
@@ -406,7 +406,7 @@ _SETTLED_FINE_NS = SETTLED_FINE_NS
 
 
 class _Seen(NamedTuple):
-    sig: tuple[int, int, int, int, int, int]
+    sig: tuple[int, ...]
     path: Path
     read: Descriptor | Unreadable
 
